@@ -1,0 +1,217 @@
+"""The trace data: what capture records and every renderer and analysis reads (SPEC §4).
+
+This module never imports torch, so `hooktrace render` and `hooktrace diff` start fast and
+renderers can be tested with hand-built traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable, Iterator, NamedTuple, Optional
+
+FORMAT = "hooktrace.trace"
+VERSION = 1
+
+MODULE_KINDS = ("forward_pre", "forward", "backward_pre", "backward", "backward_legacy")
+STATE_DICT_KINDS = ("state_dict_pre", "state_dict", "load_state_dict_pre", "load_state_dict_post")
+REGISTRATION_KINDS = ("module_registration", "parameter_registration", "buffer_registration")
+TENSOR_KINDS = ("grad", "post_accumulate_grad")
+KINDS = MODULE_KINDS + STATE_DICT_KINDS + REGISTRATION_KINDS + TENSOR_KINDS
+FORWARD_KINDS = ("forward_pre", "forward")
+BACKWARD_KINDS = ("backward_pre", "backward", "backward_legacy") + TENSOR_KINDS
+SCOPES = ("module", "global", "tensor")
+PHASES = ("forward", "backward", "recompute", "other")
+EVENT_TYPES = ("hook", "enter", "exit")
+
+
+class TraceFormatError(ValueError):
+    """A file or dict that is not a hooktrace trace of a version this code reads."""
+
+
+class Event(NamedTuple):
+    """One thing that happened, in the order it happened (`seq`)."""
+
+    seq: int
+    step: int
+    type: str  # "hook" | "enter" | "exit"
+    phase: str  # "forward" | "backward" | "recompute" | "other"
+    module: Optional[str]
+    hook: Optional[int]
+    kind: Optional[str]
+    thread: int
+    start_ns: int
+    duration_ns: int
+    returned: bool
+    error: Optional[str]
+
+
+EVENT_FIELDS = Event._fields
+
+
+@dataclass
+class Hook:
+    """Every hook seen: registered before the run (inventoried) or during it (intercepted)."""
+
+    id: int
+    kind: str
+    scope: str
+    module: Optional[str] = None
+    tensor: Optional[str] = None
+    name: str = "<unknown>"
+    defined_at: Optional[str] = None
+    registered_at: Optional[str] = None
+    registered_by: Optional[str] = None
+    prepend: bool = False
+    prepend_source: Optional[str] = None
+    with_kwargs: bool = False
+    always_call: bool = False
+    registered_during_run: bool = False
+    removed_during_run: bool = False
+
+
+@dataclass
+class Surprise:
+    rule: str
+    message: str
+    hooks: list[int] = field(default_factory=list)
+    events: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Module:
+    path: str
+    type: str
+
+
+@dataclass
+class Meta:
+    torch: str = ""
+    python: str = ""
+    device: str = "cpu"
+    target: Optional[str] = None
+    steps: int = 1
+    created: str = ""
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+
+
+def _build(cls: type, data: Any, what: str) -> Any:
+    """Dataclass from a dict, with a clear error for missing or unknown keys."""
+    if not isinstance(data, dict):
+        raise TraceFormatError(f"{what} must be an object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise TraceFormatError(f"{what} has unknown field(s): {', '.join(sorted(unknown))}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise TraceFormatError(f"{what}: {exc}") from None
+
+
+def _event(data: Any, index: int) -> Event:
+    if isinstance(data, dict):
+        try:
+            return Event(**data)
+        except TypeError as exc:
+            raise TraceFormatError(f"events[{index}]: {exc}") from None
+    if isinstance(data, (list, tuple)) and len(data) == len(EVENT_FIELDS):
+        return Event(*data)
+    raise TraceFormatError(f"events[{index}] must be an object with fields {', '.join(EVENT_FIELDS)}")
+
+
+class Trace:
+    """A complete trace: meta, module table, hooks, events and surprises.
+
+    Events are kept as `Event` named tuples (compact, attribute access); everything else as
+    small dataclasses. `to_dict()` gives exactly the JSON layout of SPEC §4.
+    """
+
+    def __init__(
+        self,
+        meta: Meta | None = None,
+        modules: Iterable[Module] = (),
+        hooks: Iterable[Hook] = (),
+        events: Iterable[Event] = (),
+        surprises: Iterable[Surprise] = (),
+    ) -> None:
+        self.meta = meta or Meta()
+        self.modules = list(modules)
+        self.hooks = list(hooks)
+        self.events = list(events)
+        self.surprises = list(surprises)
+        self._hooks_by_id: dict[int, Hook] | None = None
+
+    # -- lookups -------------------------------------------------------------------------
+    def hook(self, hook_id: int) -> Hook:
+        """The hook with this id (KeyError if the trace has none)."""
+        if self._hooks_by_id is None or len(self._hooks_by_id) != len(self.hooks):
+            self._hooks_by_id = {h.id: h for h in self.hooks}
+        return self._hooks_by_id[hook_id]
+
+    def hook_events(self) -> Iterator[Event]:
+        return (e for e in self.events if e.type == "hook")
+
+    # -- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "meta": asdict(self.meta),
+            "modules": [asdict(m) for m in self.modules],
+            "hooks": [asdict(h) for h in self.hooks],
+            "events": [e._asdict() for e in self.events],
+            "surprises": [asdict(s) for s in self.surprises],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Trace:
+        if not isinstance(data, dict):
+            raise TraceFormatError("not a hooktrace trace: the top level must be a JSON object")
+        if data.get("format") != FORMAT:
+            raise TraceFormatError(
+                f"not a hooktrace trace: expected \"format\": \"{FORMAT}\", got {data.get('format')!r}"
+            )
+        if data.get("version") != VERSION:
+            raise TraceFormatError(
+                f"unsupported trace version {data.get('version')!r}; this hooktrace reads version {VERSION}"
+            )
+        for key in ("meta", "modules", "hooks", "events", "surprises"):
+            if key not in data:
+                raise TraceFormatError(f"trace is missing the {key!r} field")
+        for key in ("modules", "hooks", "events", "surprises"):
+            if not isinstance(data[key], list):
+                raise TraceFormatError(f"trace field {key!r} must be a list")
+        return cls(
+            meta=_build(Meta, data["meta"], "meta"),
+            modules=[_build(Module, m, f"modules[{i}]") for i, m in enumerate(data["modules"])],
+            hooks=[_build(Hook, h, f"hooks[{i}]") for i, h in enumerate(data["hooks"])],
+            events=[_event(e, i) for i, e in enumerate(data["events"])],
+            surprises=[_build(Surprise, s, f"surprises[{i}]") for i, s in enumerate(data["surprises"])],
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the trace as JSON (SPEC §4)."""
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, separators=(",", ":"))
+            fh.write("\n")
+
+    def __repr__(self) -> str:
+        return (
+            f"<hooktrace.Trace target={self.meta.target!r} hooks={len(self.hooks)} "
+            f"events={len(self.events)} surprises={len(self.surprises)}>"
+        )
+
+
+def load(path: str | os.PathLike[str]) -> Trace:
+    """Read a trace written by `Trace.save`; TraceFormatError for anything else."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{os.fspath(path)} is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise TraceFormatError(f"{os.fspath(path)} is not a text file") from None
+    return Trace.from_dict(data)
