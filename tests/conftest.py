@@ -1,0 +1,32 @@
+"""Shared fixtures: golden files refreshed by `pytest --update-golden`, reviewed in the diff."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite golden files from current output")
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    """`golden(name, text)`: compare `text` with tests/golden/<name>, or rewrite it with --update-golden."""
+    update = request.config.getoption("--update-golden")
+
+    def check(name: str, text: str) -> None:
+        path = GOLDEN_DIR / name
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            return
+        if not path.exists():
+            pytest.fail(f"golden file {path} is missing; run pytest --update-golden and review the diff")
+        assert text == path.read_text(encoding="utf-8"), f"output differs from {path} (pytest --update-golden)"
+
+    return check
