@@ -1,0 +1,217 @@
+"""Where PyTorch keeps hooks, and interception of every `register_*` call while capturing.
+
+Patches are installed on entry and removed in `finally`; each patched function calls the
+original and then reports the new handle to `on_register`, so PyTorch's own behaviour
+(ids, dict order, extra dicts, `prepend`) is exactly what it would have been.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.modules.module as nn_module
+from torch.utils.hooks import RemovableHandle
+
+# module attribute -> kind ("_backward_hooks" is full or legacy by `_is_full_backward_hook`)
+CALL_DICTS = (
+    ("_forward_pre_hooks", "forward_pre"),
+    ("_forward_hooks", "forward"),
+    ("_backward_pre_hooks", "backward_pre"),
+    ("_backward_hooks", "backward"),
+)
+STATE_DICTS = (
+    ("_state_dict_pre_hooks", "state_dict_pre"),
+    ("_state_dict_hooks", "state_dict"),
+    ("_load_state_dict_pre_hooks", "load_state_dict_pre"),
+    ("_load_state_dict_post_hooks", "load_state_dict_post"),
+)
+MODULE_DICTS = CALL_DICTS + STATE_DICTS
+GLOBAL_DICTS = (
+    ("_global_forward_pre_hooks", "forward_pre"),
+    ("_global_forward_hooks", "forward"),
+    ("_global_backward_pre_hooks", "backward_pre"),
+    ("_global_backward_hooks", "backward"),
+    ("_global_module_registration_hooks", "module_registration"),
+    ("_global_parameter_registration_hooks", "parameter_registration"),
+    ("_global_buffer_registration_hooks", "buffer_registration"),
+)
+TENSOR_DICTS = (("_backward_hooks", "grad"), ("_post_accumulate_grad_hooks", "post_accumulate_grad"))
+
+# (method name on nn.Module, kind)
+MODULE_METHODS = (
+    ("register_forward_pre_hook", "forward_pre"),
+    ("register_forward_hook", "forward"),
+    ("register_full_backward_pre_hook", "backward_pre"),
+    ("register_full_backward_hook", "backward"),
+    ("register_backward_hook", "backward_legacy"),
+    ("register_state_dict_pre_hook", "state_dict_pre"),
+    ("_register_state_dict_hook", "state_dict"),
+    ("register_state_dict_post_hook", "state_dict"),
+    ("_register_load_state_dict_pre_hook", "load_state_dict_pre"),
+    ("register_load_state_dict_pre_hook", "load_state_dict_pre"),
+    ("register_load_state_dict_post_hook", "load_state_dict_post"),
+)
+GLOBAL_FUNCTIONS = (
+    ("register_module_forward_pre_hook", "forward_pre"),
+    ("register_module_forward_hook", "forward"),
+    ("register_module_full_backward_pre_hook", "backward_pre"),
+    ("register_module_full_backward_hook", "backward"),
+    ("register_module_backward_hook", "backward_legacy"),
+    ("register_module_module_registration_hook", "module_registration"),
+    ("register_module_parameter_registration_hook", "parameter_registration"),
+    ("register_module_buffer_registration_hook", "buffer_registration"),
+)
+TENSOR_METHODS = (("register_hook", "grad"), ("register_post_accumulate_grad_hook", "post_accumulate_grad"))
+
+
+def global_dict(attr: str) -> Optional[dict]:
+    return getattr(nn_module, attr, None)
+
+
+def backward_kind(owner: Any) -> str:
+    """`backward` or `backward_legacy` for what a module's (or the global) `_backward_hooks` hold."""
+    flag = nn_module._global_is_full_backward_hook if owner is None else owner._is_full_backward_hook
+    return "backward_legacy" if flag is False else "backward"
+
+
+def module_flags(owner: Any, kind: str, hook_id: int) -> tuple[bool, bool]:
+    """(with_kwargs, always_call) as PyTorch's extra dicts record them."""
+    if owner is None:
+        if kind != "forward":
+            return False, False
+        kw = getattr(nn_module, "_global_forward_hooks_with_kwargs", {})
+        always = getattr(nn_module, "_global_forward_hooks_always_called", {})
+        return hook_id in kw, hook_id in always
+    if kind == "forward_pre":
+        return hook_id in getattr(owner, "_forward_pre_hooks_with_kwargs", {}), False
+    if kind == "forward":
+        return (
+            hook_id in getattr(owner, "_forward_hooks_with_kwargs", {}),
+            hook_id in getattr(owner, "_forward_hooks_always_called", {}),
+        )
+    return False, False
+
+
+def inferred_prepends(keys: list[int]) -> set[int]:
+    """Handle ids only grow, so a hook standing before a smaller id was prepended (SPEC §4)."""
+    found: set[int] = set()
+    smallest_after: Optional[int] = None
+    for key in reversed(keys):
+        if smallest_after is not None and key > smallest_after:
+            found.add(key)
+        smallest_after = key if smallest_after is None else min(smallest_after, key)
+    return found
+
+
+OnRegister = Callable[[RemovableHandle, str, Any, dict, Any], None]
+
+
+class Interceptor:
+    """Installs and removes the registration patches; reports each registration once.
+
+    `on_register(handle, kind, owner, arguments, frame)` is called after PyTorch registered the
+    hook (owner: the module, the tensor, or None for global hooks). `on_handle(handle, frame)` is
+    called for handles created outside the patched entry points (stale references to the global
+    functions, code that builds handles and fills hook dicts itself). `on_remove(handle)` before
+    a handle removes its hook.
+    """
+
+    def __init__(
+        self,
+        on_register: OnRegister,
+        on_handle: Callable[[RemovableHandle, Any], None],
+        on_remove: Callable[[RemovableHandle], None],
+    ) -> None:
+        self._on_register = on_register
+        self._on_handle = on_handle
+        self._on_remove = on_remove
+        self._local = threading.local()
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    # -- install / restore ---------------------------------------------------------------
+    def install(self) -> None:
+        try:
+            for name, kind in MODULE_METHODS:
+                if name in vars(torch.nn.Module):
+                    self._patch(torch.nn.Module, name, self._wrap_register(vars(torch.nn.Module)[name], kind))
+            for name, kind in TENSOR_METHODS:
+                if name in vars(torch.Tensor):
+                    self._patch(torch.Tensor, name, self._wrap_register(vars(torch.Tensor)[name], kind))
+            for name, kind in GLOBAL_FUNCTIONS:
+                original = getattr(nn_module, name, None)
+                if original is None:
+                    continue
+                patched = self._wrap_register(original, kind, is_global=True)
+                for namespace in (nn_module, torch.nn.modules, torch.nn):
+                    if getattr(namespace, name, None) is original:
+                        self._patch(namespace, name, patched)
+            self._patch(RemovableHandle, "__init__", self._wrap_handle_init(RemovableHandle.__init__))
+            self._patch(RemovableHandle, "remove", self._wrap_remove(RemovableHandle.remove))
+        except BaseException:
+            self.restore()
+            raise
+
+    def restore(self) -> None:
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
+
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        self._saved.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, replacement)
+
+    # -- wrappers ------------------------------------------------------------------------
+    def _busy(self) -> bool:
+        return getattr(self._local, "depth", 0) > 0
+
+    def _wrap_register(self, original: Callable[..., Any], kind: str, is_global: bool = False) -> Callable[..., Any]:
+        signature = inspect.signature(original)
+        local = self._local
+        on_register = self._on_register
+
+        @functools.wraps(original)
+        def register(*args: Any, **kwargs: Any) -> Any:
+            if getattr(local, "depth", 0) > 0:  # nested: a register_* that calls another one
+                return original(*args, **kwargs)
+            local.depth = 1
+            try:
+                handle = original(*args, **kwargs)
+            finally:
+                local.depth = 0
+            if isinstance(handle, RemovableHandle):
+                try:
+                    arguments = signature.bind(*args, **kwargs).arguments
+                except TypeError:
+                    arguments = {}
+                owner = None if is_global else args[0]
+                on_register(handle, kind, owner, arguments, sys._getframe(1))
+            return handle
+
+        return register
+
+    def _wrap_handle_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        local = self._local
+        on_handle = self._on_handle
+
+        @functools.wraps(original)
+        def __init__(handle: RemovableHandle, *args: Any, **kwargs: Any) -> None:
+            original(handle, *args, **kwargs)
+            if getattr(local, "depth", 0) == 0:
+                on_handle(handle, sys._getframe(1))
+
+        return __init__
+
+    def _wrap_remove(self, original: Callable[..., None]) -> Callable[..., None]:
+        on_remove = self._on_remove
+
+        @functools.wraps(original)
+        def remove(handle: RemovableHandle) -> None:
+            on_remove(handle)
+            original(handle)
+
+        return remove

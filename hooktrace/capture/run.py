@@ -1,0 +1,192 @@
+"""Drive a run: call the factory inside the capture, then forward (+ loss + backward) for N steps.
+
+Also the hook inventory for `hooktrace hooks`: the factory is called inside a capture, nothing runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from ..target import Factory, Prepared, UsageError, coerce_result, compute_loss, prepare
+from ..trace import Event, Hook, Trace
+
+# PyTorch raises this inside non-reentrant checkpoint to stop a recompute early, and catches it.
+_PYTORCH_INTERNAL_ERRORS = ("_StopRecomputationError",)
+
+
+@dataclass
+class RunResult:
+    """What a run gives back: the (possibly partial) trace, an error message if it raised, and notes."""
+
+    trace: Trace
+    error: Optional[str] = None
+    exception: Optional[BaseException] = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _call_factory(factory: Factory) -> Any:
+    try:
+        return factory()
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(
+            f"the factory {factory.label} raised {type(exc).__name__}: {exc}; fix it (--traceback shows where)"
+        ) from exc
+
+
+def run(
+    factory: Factory,
+    *,
+    steps: int = 1,
+    backward: bool = True,
+    input_shapes: Sequence[str] = (),
+    dtype: Optional[str] = None,
+    device: Optional[str] = None,
+) -> RunResult:
+    """Load, run and trace. UsageError for bad input; an exception from the model is caught and reported."""
+    import hooktrace
+
+    if steps < 1:
+        raise UsageError(f"--steps {steps}: give at least 1")
+    notes: list[str] = []
+    exception: Optional[BaseException] = None
+    with hooktrace.trace(target=factory.spec) as t:
+        target = coerce_result(_call_factory(factory), factory.label)
+        t.attach(target.model)
+        prepared = prepare(target, input_shapes=input_shapes, dtype=dtype, device=device)
+        t.set_meta(device=str(prepared.device), target=factory.spec, steps=steps)
+        try:
+            for step in range(steps):
+                if step:
+                    t.mark_step()
+                _step(prepared, backward, notes)
+        except Exception as exc:  # the model or a hook raised: keep the partial trace
+            exception = exc
+    trace = t.trace
+    if not backward:
+        notes.append("backward skipped (--no-backward)")
+    error = describe_error(trace, exception) if exception is not None else None
+    return RunResult(trace=trace, error=error, exception=exception, notes=notes)
+
+
+def _step(prepared: Prepared, backward: bool, notes: list[str]) -> None:
+    output = prepared.model(*prepared.inputs.args, **prepared.inputs.kwargs)
+    if not backward:
+        return
+    loss = compute_loss(output, prepared.loss)
+    if loss is None:
+        note = "backward skipped: nothing in the output requires grad"
+        if prepared.loss is not None:
+            note = "backward skipped: loss(output) is not a tensor that requires grad"
+        if note not in notes:
+            notes.append(note)
+        return
+    loss.backward()
+
+
+# -- naming the failure -----------------------------------------------------------------------------
+
+
+def _module_words(path: Optional[str]) -> str:
+    if path is None:
+        return "outside any module"
+    return "the root module" if path == "" else f"module '{path}'"
+
+
+def _is_internal(error: str) -> bool:
+    return error.split(":", 1)[0].strip() in _PYTORCH_INTERNAL_ERRORS
+
+
+def failing_event(trace: Trace, exception: Optional[BaseException] = None) -> Optional[Event]:
+    """The event where the run failed: the first hook that raised, else the innermost module exit.
+
+    Events whose error matches the exception that ended the run are preferred, so an exception the
+    model raised and caught itself earlier does not take the blame.
+    """
+    errored = [e for e in trace.events if e.error and not (e.type == "exit" and _is_internal(e.error))]
+    if exception is not None:
+        text = f"{type(exception).__name__}: {exception}"
+        matching = [e for e in errored if e.error == text]
+        errored = matching or errored
+    for e in errored:
+        if e.type in ("hook", "exit"):
+            return e
+    return None
+
+
+def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
+    """One line naming the module path, the hook (if any) and the exception."""
+    exc_text = f"{type(exception).__name__}: {exception}" if exception is not None else None
+    event = failing_event(trace, exception)
+    if event is None:
+        return f"the run raised {exc_text} outside any traced module or hook"
+    error = exc_text or event.error
+    if event.type == "hook" and event.hook is not None:
+        try:
+            hook: Optional[Hook] = trace.hook(event.hook)
+        except KeyError:
+            hook = None
+        name = hook.name if hook else f"#{event.hook}"
+        scope = f"{hook.scope} " if hook and hook.scope != "module" else ""
+        return (
+            f"{scope}{event.kind} hook {name} raised {error} in {event.phase} of "
+            f"{_module_words(event.module)} (event #{event.seq}, step {event.step})"
+        )
+    return f"{_module_words(event.module)} raised {error} in {event.phase} (event #{event.seq}, step {event.step})"
+
+
+# -- inventory (`hooktrace hooks`) ----------------------------------------------------------------
+
+
+@dataclass
+class InventoryRow:
+    """The hooks of one kind that fire for one module (or one tensor), in firing order."""
+
+    module: str
+    kind: str
+    hooks: list[Hook]
+    tensor: Optional[str] = None
+
+
+def inventory(factory: Factory) -> Trace:
+    """Call the factory inside a capture, without running the model; the trace holds every hook."""
+    import hooktrace
+
+    with hooktrace.trace(target=factory.spec) as t:
+        target = coerce_result(_call_factory(factory), factory.label)
+        t.attach(target.model)
+        t.set_meta(target=factory.spec, steps=0)
+    return t.trace
+
+
+def firing_order(trace: Trace) -> list[InventoryRow]:
+    """Per module (named_modules order), per kind: global hooks first, then the module's dict order.
+
+    Global hooks fire for every module; they are listed with the modules that have hooks of their own
+    of that kind. Tensor hooks on parameters follow their module's rows, one row per tensor and kind.
+    """
+    from ..trace import KINDS
+
+    live = [h for h in trace.hooks if not h.removed_during_run]
+    globals_by_kind: dict[str, list[Hook]] = {}
+    for h in live:
+        if h.scope == "global":
+            globals_by_kind.setdefault(h.kind, []).append(h)
+    rows: list[InventoryRow] = []
+    paths = [m.path for m in trace.modules]
+    paths += sorted({h.module for h in live if h.module is not None and h.module not in set(paths)})
+    for path in paths:
+        own = [h for h in live if h.module == path and h.scope == "module"]
+        for kind in KINDS:
+            mine = [h for h in own if h.kind == kind]
+            if mine:
+                rows.append(InventoryRow(path, kind, globals_by_kind.get(kind, []) + mine))
+        tensors: dict[tuple[str, str], list[Hook]] = {}
+        for h in live:
+            if h.scope == "tensor" and h.module == path:
+                tensors.setdefault((h.tensor or "?", h.kind), []).append(h)
+        for (tensor, kind), hooks in tensors.items():
+            rows.append(InventoryRow(path, kind, hooks, tensor=tensor))
+    return rows

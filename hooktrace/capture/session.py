@@ -1,0 +1,545 @@
+"""`hooktrace.trace(model)`: install the capture, trace every hook, restore everything on exit."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+import weakref
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Optional
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from ..trace import Event, Hook, Meta, Module, Trace
+from . import registry, shims, sites
+from .registry import CALL_DICTS, GLOBAL_DICTS, MODULE_DICTS, STATE_DICTS, TENSOR_DICTS
+
+_FIXED_PHASE = {
+    "forward_pre": None,
+    "forward": None,
+    "backward_pre": shims.BACKWARD,
+    "backward": shims.BACKWARD,
+    "backward_legacy": shims.BACKWARD,
+    "grad": shims.BACKWARD,
+    "post_accumulate_grad": shims.BACKWARD,
+}
+# PyTorch calls these module hooks with the module as first argument.
+_MODULE_FIRST = {"forward_pre", "forward", "backward_pre", "backward", "backward_legacy", "state_dict_pre",
+                 "state_dict", "load_state_dict_post"}
+
+_STATE_DICT_KINDS = {kind for _, kind in STATE_DICTS}
+_SHIM_CODE = shims.make_shim(shims.Recorder(), print, -1, None, None, False).__code__
+
+_ACTIVE: Optional[TraceSession] = None
+
+
+@dataclass
+class _Record:
+    """A hook while capturing; becomes a `trace.Hook` at finalisation."""
+
+    id: int
+    kind: str
+    scope: str
+    owner: Any = None  # module object (module scope) or None
+    tensor_ref: Any = None  # weakref to the tensor (tensor scope)
+    tensor_desc: Optional[tuple[str, Any]] = None  # ("output of"|"input of"|"tensor in", module) or None
+    name: str = "<unknown>"
+    defined_at: Optional[str] = None
+    registered_at: Optional[str] = None
+    registered_by: Optional[str] = None
+    prepend: bool = False
+    prepend_source: Optional[str] = None
+    with_kwargs: bool = False
+    always_call: bool = False
+    registered_during_run: bool = False
+    removed_during_run: bool = False
+    removed: bool = False
+
+
+@dataclass
+class _Site:
+    registered_at: Optional[str]
+    registered_by: Optional[str]
+    during_run: bool
+    prepend: Optional[bool] = None
+
+
+class TraceSession:
+    """Context manager returned by `hooktrace.trace()`. After the block: `.trace`, `to_dict()`, `save()`."""
+
+    def __init__(self, model: Any = None, *, target: Optional[str] = None) -> None:
+        self._model = model
+        self._meta = Meta(target=target)
+        self._meta_overrides: dict[str, Any] = {}
+        self._trace: Optional[Trace] = None
+        self._rec = shims.Recorder()
+        self._records: dict[int, _Record] = {}
+        self._sites: dict[int, _Site] = {}  # registrations seen, by handle id
+        # id(shim) -> (weakref to shim, ref to its dict, hook id); entries leave with their shim, so an
+        # id in here is always a live shim (a tensor's dict dies with the tensor).
+        self._shims: dict[int, tuple[Any, Any, int]] = {}
+        self._tensor_dicts: list[tuple[Any, str, Any]] = []  # (ref to dict, kind, tensor weakref or None)
+        self._paths: dict[int, str] = {}
+        self._keep: dict[int, Any] = {}  # modules seen, kept alive so their ids stay unique until the end
+        self._global_call_dicts: list[tuple[dict, str]] = []
+        self._interceptor: Optional[registry.Interceptor] = None
+        self._original_call_impl: Any = None
+        self._run_codes: set[Any] = set()
+        self._active = False
+
+    # -- public API ----------------------------------------------------------------------
+    def __enter__(self) -> TraceSession:
+        global _ACTIVE
+        if _ACTIVE is not None:
+            raise RuntimeError(
+                "hooktrace.trace() is already active; nested or concurrent tracing is not supported. "
+                "Finish the outer `with hooktrace.trace(...)` block first."
+            )
+        if self._trace is not None:
+            raise RuntimeError("this hooktrace.trace() session has already run; create a new one")
+        _ACTIVE = self
+        self._active = True
+        self._start_ns = shims.time.perf_counter_ns()
+        self._meta.created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        try:
+            self._install()
+            if self._model is not None:
+                self._inventory_model(self._model)
+        except BaseException:
+            self._finish()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._finish()
+
+    def attach(self, model: Any) -> None:
+        """Name module paths after `model` and wrap the hooks it already holds."""
+        self._model = model
+        if self._active:
+            self._inventory_model(model)
+
+    def mark_step(self) -> None:
+        """Start the next step: later events carry `step + 1`."""
+        self._rec.step += 1
+
+    def set_meta(self, **fields: Any) -> None:
+        """Override meta fields (device, target, steps, rank, world_size)."""
+        self._meta_overrides.update(fields)
+        if self._trace is not None:
+            for key, value in fields.items():
+                setattr(self._trace.meta, key, value)
+
+    @property
+    def trace(self) -> Trace:
+        if self._trace is None:
+            raise RuntimeError("the trace is available after the `with hooktrace.trace(...)` block ends")
+        return self._trace
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.trace.to_dict()
+
+    def save(self, path: str) -> None:
+        self.trace.save(path)
+
+    # -- install / restore ---------------------------------------------------------------
+    def _install(self) -> None:
+        self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
+        self._interceptor.install()
+        self._original_call_impl = vars(torch.nn.Module)["_call_impl"]
+        call_impl = shims.make_call_impl(self._rec, self._original_call_impl, self._before_call)
+        torch.nn.Module._call_impl = call_impl
+        self._run_codes = {call_impl.__code__}
+        for attr, kind in GLOBAL_DICTS:
+            d = registry.global_dict(attr)
+            if d is None:
+                continue
+            if attr in {a for a, _ in GLOBAL_DICTS[:4]}:
+                self._global_call_dicts.append((d, kind))
+            self._wrap_dict(d, kind, None, "global")
+
+    def _finish(self) -> None:
+        global _ACTIVE
+        try:
+            if self._original_call_impl is not None:
+                torch.nn.Module._call_impl = self._original_call_impl
+                self._original_call_impl = None
+            if self._interceptor is not None:
+                self._interceptor.restore()
+            if self._active:
+                self._final_inventory()
+        finally:
+            self._restore_dicts()
+            _ACTIVE = None
+            self._active = False
+        try:
+            self._trace = self._build_trace()
+        finally:
+            self._release()
+
+    def _restore_dicts(self) -> None:
+        """Every dict we touched gets its original objects back, in place: same ids, same order."""
+        dicts: dict[int, dict] = {}
+        for _shim_ref, dict_ref, _hid in list(self._shims.values()):
+            d = dict_ref()
+            if d is not None:
+                dicts[id(d)] = d
+        for d in self._all_known_dicts():
+            dicts[id(d)] = d
+        for d in dicts.values():
+            for hid, value in list(d.items()):
+                entry = self._shims.get(id(value))
+                if entry is not None and entry[0]() is value:
+                    d[hid] = value.__wrapped__
+
+    def _all_known_dicts(self) -> list[dict]:
+        found = [d for attr, _ in GLOBAL_DICTS if (d := registry.global_dict(attr)) is not None]
+        if self._model is not None and isinstance(self._model, torch.nn.Module):
+            for module in self._model.modules():
+                found.extend(d for attr, _ in MODULE_DICTS if (d := module.__dict__.get(attr)))
+            for param in self._model.parameters():
+                found.extend(d for attr, _ in TENSOR_DICTS if (d := getattr(param, attr, None)))
+        found.extend(d for ref, _, _ in self._tensor_dicts if (d := ref()) is not None)
+        return found
+
+    # -- registration callbacks ----------------------------------------------------------
+    def _during_run(self, frame: Optional[FrameType]) -> bool:
+        if shims.in_backward():
+            return True
+        codes = self._run_codes
+        while frame is not None:
+            if frame.f_code in codes:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _site(self, frame: Optional[FrameType]) -> _Site:
+        at, by = sites.call_sites(frame)
+        return _Site(at, by, self._during_run(frame))
+
+    def _on_handle(self, handle: RemovableHandle, frame: FrameType) -> None:
+        # Handles made by PyTorch's plumbing (BackwardHook's node hooks) are not hooks users see.
+        if sites._frame_class(frame.f_code.co_filename) == 2:
+            return
+        self._sites[handle.id] = self._site(frame)
+
+    def _on_remove(self, handle: RemovableHandle) -> None:
+        record = self._records.get(handle.id)
+        if record is None or record.removed:
+            return
+        hooks_dict = handle.hooks_dict_ref()
+        if hooks_dict is None or handle.id not in hooks_dict:
+            return
+        record.removed = True
+        if self._during_run(sys._getframe(1)):
+            record.removed_during_run = True
+
+    def _on_register(self, handle: RemovableHandle, kind: str, owner: Any, arguments: dict, frame: Any) -> None:
+        site = self._site(frame)
+        site.prepend = bool(arguments.get("prepend", False))
+        self._sites[handle.id] = site
+        d = handle.hooks_dict_ref()
+        if d is None or handle.id not in d:
+            return
+        if kind in ("grad", "post_accumulate_grad"):
+            self._tensor_dicts.append((_ref(d), kind, _weak(owner)))
+            record = self._wrap_one(d, handle.id, d[handle.id], kind, None, "tensor")
+            record.tensor_ref = _weak(owner)
+            record.tensor_desc = self._describe_tensor(owner, frame)
+            return
+        if owner is not None:
+            self._path_of(owner)
+        if kind in _STATE_DICT_KINDS:  # state_dict() calls no module: wrap now
+            self._wrap_one(d, handle.id, d[handle.id], kind, owner, "global" if owner is None else "module")
+        # forward/backward hooks are wrapped lazily, when the module is called (or at the final inventory)
+
+    def _describe_tensor(self, tensor: Any, frame: Optional[FrameType]) -> Optional[tuple[str, Any]]:
+        """Which module's output/input a tensor hook went on, from the innermost traced frame."""
+        while frame is not None:
+            name = frame.f_code.co_name
+            if name == "hooktrace_shim" and frame.f_code is _SHIM_CODE:
+                local = frame.f_locals
+                args = local.get("args") or ()
+                record = self._records.get(local.get("hook_id"))
+                kind = record.kind if record else None
+                if kind == "forward" and args and _contains(args[-1], tensor):
+                    return ("output of", local.get("mod"))
+                if kind in ("forward", "forward_pre") and len(args) > 1 and _contains(args[1], tensor):
+                    return ("input of", local.get("mod"))
+                return ("tensor in", local.get("mod"))
+            if frame.f_code in self._run_codes:
+                return ("tensor in", frame.f_locals.get("self"))
+            frame = frame.f_back
+        return None
+
+    # -- wrapping ------------------------------------------------------------------------
+    def _before_call(self, module: Any) -> None:
+        """Runs at every module call: wrap hooks that appeared since the last look."""
+        known = self._shims
+        md = module.__dict__
+        for attr, kind in CALL_DICTS:
+            d = md.get(attr)
+            if d:
+                for value in d.values():
+                    if id(value) not in known:
+                        self._path_of(module)
+                        self._wrap_dict(d, kind, module, "module")
+                        break
+        for d, kind in self._global_call_dicts:
+            if d:
+                for value in d.values():
+                    if id(value) not in known:
+                        self._wrap_dict(d, kind, None, "global")
+                        break
+
+    def _wrap_dict(self, d: dict, kind: str, owner: Any, scope: str, tensor: Any = None) -> None:
+        if kind == "backward" and scope != "tensor":
+            kind = registry.backward_kind(owner)
+        for hid, value in list(d.items()):
+            if id(value) not in self._shims:
+                record = self._wrap_one(d, hid, value, kind, owner, scope)
+                if tensor is not None and record.tensor_ref is None:
+                    record.tensor_ref = _weak(tensor)
+        self._infer_prepends(d)
+
+    def _infer_prepends(self, d: dict) -> None:
+        for hid in registry.inferred_prepends(list(d)):
+            record = self._records.get(hid)
+            if record is not None and not record.prepend:
+                record.prepend = True
+                record.prepend_source = "inferred"
+
+    def _wrap_one(self, d: dict, hid: int, value: Any, kind: str, owner: Any, scope: str) -> _Record:
+        record = self._records.get(hid)
+        if record is None:
+            record = self._new_record(hid, value, kind, owner, scope)
+        shim = shims.make_shim(
+            self._rec,
+            value,
+            hid,
+            _FIXED_PHASE.get(kind, shims.OTHER),
+            owner,
+            scope == "global" or (kind in _MODULE_FIRST and scope == "module"),
+        )
+        if hasattr(value, "_from_public_api"):  # state_dict() reads it to choose the calling convention
+            shim._from_public_api = value._from_public_api
+        shim.__wrapped__ = value
+        key = id(shim)
+        shims_table = self._shims
+        self._shims[key] = (weakref.ref(shim, lambda _r: shims_table.pop(key, None)), _ref(d), hid)
+        if scope != "tensor":
+            self._keep[key] = shim  # module and global shims live as long as the capture
+        d[hid] = shim
+        return record
+
+    def _new_record(self, hid: int, fn: Any, kind: str, owner: Any, scope: str) -> _Record:
+        site = self._sites.get(hid)
+        with_kwargs, always_call = registry.module_flags(owner, kind, hid) if scope != "tensor" else (False, False)
+        record = _Record(
+            id=hid,
+            kind=kind,
+            scope=scope,
+            owner=owner,
+            name=sites.hook_name(fn),
+            defined_at=sites.defined_at(fn),
+            with_kwargs=with_kwargs,
+            always_call=always_call,
+        )
+        if site is not None:
+            record.registered_at = site.registered_at
+            record.registered_by = site.registered_by
+            record.registered_during_run = site.during_run
+            if site.prepend:
+                record.prepend = True
+                record.prepend_source = "registration"
+        if owner is not None:
+            self._keep[id(owner)] = owner
+        self._records[hid] = record
+        return record
+
+    # -- inventory -----------------------------------------------------------------------
+    def _path_of(self, module: Any) -> Optional[str]:
+        key = id(module)
+        path = self._paths.get(key)
+        if path is None and self._model is not None:
+            self._refresh_paths()
+            path = self._paths.get(key)
+        self._keep.setdefault(key, module)
+        return path
+
+    def _refresh_paths(self) -> None:
+        model = self._model
+        if isinstance(model, torch.nn.Module):
+            for path, module in model.named_modules():
+                self._paths[id(module)] = path
+                self._keep.setdefault(id(module), module)
+
+    def _inventory_model(self, model: Any) -> None:
+        if not isinstance(model, torch.nn.Module):
+            return
+        self._refresh_paths()
+        for module in model.modules():
+            for attr, kind in MODULE_DICTS:
+                d = module.__dict__.get(attr)
+                if d:
+                    self._wrap_dict(d, kind, module, "module")
+        for param in model.parameters():
+            for attr, kind in TENSOR_DICTS:
+                d = getattr(param, attr, None)
+                if d:
+                    self._wrap_dict(d, kind, None, "tensor", tensor=param)
+        for attr, kind in GLOBAL_DICTS:
+            d = registry.global_dict(attr)
+            if d:
+                self._wrap_dict(d, kind, None, "global")
+
+    def _final_inventory(self) -> None:
+        """Hooks that never fired still belong in the trace; the final dict order proves prepends."""
+        if self._model is not None:
+            self._inventory_model(self._model)
+        for dict_ref, kind, tensor_ref in self._tensor_dicts:
+            d = dict_ref()
+            if d:
+                self._wrap_dict(d, kind, None, "tensor", tensor=tensor_ref() if tensor_ref else None)
+        for _shim_ref, dict_ref, _hid in list(self._shims.values()):
+            d = dict_ref()
+            if d is not None:
+                self._infer_prepends(d)
+
+    # -- finalisation --------------------------------------------------------------------
+    def _build_trace(self) -> Trace:
+        from ..analysis.surprises import find_surprises
+
+        model = self._model
+        final_paths: dict[int, str] = {}
+        modules: list[Module] = []
+        params: dict[int, tuple[str, str]] = {}
+        if isinstance(model, torch.nn.Module):
+            for path, module in model.named_modules():
+                final_paths[id(module)] = path
+                modules.append(Module(path, type(module).__name__))
+                for pname, param in module._parameters.items():
+                    if param is not None:
+                        params.setdefault(id(param), (path, pname))
+        paths = {**self._paths, **final_paths}
+
+        hooks = [self._to_hook(r, paths, params) for r in self._ordered_records(model)]
+        tensor_modules = {h.id: h.module for h in hooks if h.scope == "tensor"}
+        start = self._start_ns
+        raw = sorted(self._rec.events, key=lambda e: e[0])
+        events = []
+        for seq, (_, step, etype, phase, mod, hid, tid, t0, dur, returned, error) in enumerate(raw):
+            record = self._records.get(hid) if hid is not None else None
+            if mod is not None:
+                path = paths.get(id(mod))
+            elif record is not None and record.scope == "tensor":
+                path = tensor_modules.get(hid)
+            else:
+                path = None
+            events.append(
+                Event(seq, step, etype, phase, path, hid, record.kind if record else None, tid, t0 - start, dur,
+                      returned, error)
+            )
+        meta = self._meta
+        meta.torch = torch.__version__
+        meta.python = platform.python_version()
+        meta.steps = self._rec.step + 1
+        meta.device = _device_of(model)
+        for key, value in self._meta_overrides.items():
+            setattr(meta, key, value)
+        trace = Trace(meta=meta, modules=modules, hooks=hooks, events=events)
+        trace.surprises = find_surprises(trace)
+        return trace
+
+    def _ordered_records(self, model: Any) -> list[_Record]:
+        """Hooks in the order PyTorch will fire them: global dicts, then each module's dicts, then the rest."""
+        order: list[int] = []
+        for attr, _ in GLOBAL_DICTS:
+            order.extend(registry.global_dict(attr) or ())
+        if isinstance(model, torch.nn.Module):
+            for module in model.modules():
+                for attr, _ in MODULE_DICTS:
+                    order.extend(module.__dict__.get(attr) or ())
+            for param in model.parameters():
+                for attr, _ in TENSOR_DICTS:
+                    order.extend(getattr(param, attr, None) or ())
+        seen: set[int] = set()
+        ordered = []
+        for hid in order + sorted(self._records):
+            record = self._records.get(hid)
+            if record is not None and hid not in seen:
+                seen.add(hid)
+                ordered.append(record)
+        return ordered
+
+    def _to_hook(self, r: _Record, paths: dict[int, str], params: dict[int, tuple[str, str]]) -> Hook:
+        module = paths.get(id(r.owner)) if r.owner is not None else None
+        tensor = None
+        if r.scope == "tensor":
+            t = r.tensor_ref() if r.tensor_ref is not None else None
+            if t is not None and id(t) in params:
+                module, pname = params[id(t)]
+                tensor = f"{module}.{pname}" if module else pname
+            elif r.tensor_desc is not None:
+                how, owner = r.tensor_desc
+                owner_path = paths.get(id(owner)) if owner is not None else None
+                tensor = f"{how} {owner_path if owner_path is not None else type(owner).__name__}"
+            else:
+                tensor = "tensor"
+        return Hook(
+            id=r.id, kind=r.kind, scope=r.scope, module=module, tensor=tensor, name=r.name,
+            defined_at=r.defined_at, registered_at=r.registered_at, registered_by=r.registered_by,
+            prepend=r.prepend, prepend_source=r.prepend_source, with_kwargs=r.with_kwargs,
+            always_call=r.always_call, registered_during_run=r.registered_during_run,
+            removed_during_run=r.removed_during_run,
+        )
+
+    def _release(self) -> None:
+        """The trace keeps no references to tensors, modules or hooks after the block."""
+        self._shims.clear()
+        self._records.clear()
+        self._sites.clear()
+        self._tensor_dicts.clear()
+        self._keep.clear()
+        self._paths.clear()
+        self._global_call_dicts.clear()
+        self._rec = shims.Recorder()
+        self._model = None
+        self._interceptor = None
+
+
+def _ref(d: dict) -> Any:
+    """A weak reference when the dict allows one (OrderedDict does), else a strong one."""
+    try:
+        return weakref.ref(d)
+    except TypeError:
+        return lambda: d
+
+
+def _weak(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _device_of(model: Any) -> str:
+    if isinstance(model, torch.nn.Module):
+        for tensor in model.parameters():
+            return str(tensor.device)
+        for tensor in model.buffers():
+            return str(tensor.device)
+    return "cpu"
+
+
+def _contains(container: Any, tensor: Any) -> bool:
+    if container is tensor:
+        return True
+    if isinstance(container, (tuple, list)):
+        return any(item is tensor for item in container)
+    if isinstance(container, dict):
+        return any(item is tensor for item in container.values())
+    return False
