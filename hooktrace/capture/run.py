@@ -32,7 +32,8 @@ def _call_factory(factory: Factory) -> Any:
         raise
     except Exception as exc:
         raise UsageError(
-            f"the factory {factory.label} raised {type(exc).__name__}: {exc}; fix it (--traceback shows where)"
+            f"the factory {factory.label} raised {type(exc).__name__}: {exc}; "
+            "fix it (--traceback shows where)"
         ) from exc
 
 
@@ -134,7 +135,8 @@ def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
             f"{scope}{event.kind} hook {name} raised {error} in {event.phase} of "
             f"{_module_words(event.module)} (event #{event.seq}, step {event.step})"
         )
-    return f"{_module_words(event.module)} raised {error} in {event.phase} (event #{event.seq}, step {event.step})"
+    where = f"(event #{event.seq}, step {event.step})"
+    return f"{_module_words(event.module)} raised {error} in {event.phase} {where}"
 
 
 # -- inventory (`hooktrace hooks`) ----------------------------------------------------------------

@@ -1,0 +1,310 @@
+"""The `hooktrace` command line (SPEC §2): parse, call the library, choose the exit code.
+
+Exit codes: 0 success; 1 the run raised or a diff/check found a difference (the partial trace is
+still rendered and written); 2 bad usage or input, reported as one `error: ...` line.
+torch is imported only by `run` and `hooks`, so `--help`, `render` and `diff` start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback as _traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
+
+import typer
+
+from .target import UsageError
+
+if TYPE_CHECKING:
+    from .trace import Trace
+
+EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
+FORMATS = ("tree", "json", "dot", "svg", "chrome")
+PHASE_CHOICES = ("forward", "backward", "recompute", "other")
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="See the order in which PyTorch module, global and tensor hooks really fire, and why.",
+)
+
+# -- shared options -------------------------------------------------------------------------------
+FORMAT_OPT = typer.Option(
+    None, "--format", "-f", help="tree|json|dot|svg|chrome; default: from the -o extension, else tree."
+)
+OUTPUT_OPT = typer.Option(None, "--output", "-o", help="Write to this file instead of the terminal.")
+DEPTH_OPT = typer.Option(None, "--depth", min=0, help="Tree: show module calls nested at most this deep.")
+MODULE_OPT = typer.Option(None, "--module", help="Tree: only this module path and what runs inside it.")
+PHASE_OPT = typer.Option(None, "--phase", help="Tree: only forward|backward|recompute|other.")
+EXPAND_OPT = typer.Option(False, "--expand", help="Tree: do not collapse repeated identical siblings.")
+TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
+    """Exit 2 with one `error:` line (and the traceback when asked)."""
+    if show_traceback:
+        _traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    _stderr(f"error: {message}")
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _tree_options(depth: Optional[int], module: Optional[str], phase: Optional[str], expand: bool) -> dict:
+    if phase is not None and phase not in PHASE_CHOICES:
+        raise UsageError(f"unknown --phase {phase!r}; use one of {', '.join(PHASE_CHOICES)}")
+    return {"depth": depth, "module": module, "phase": phase, "expand": expand}
+
+
+def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts: dict) -> None:
+    """Render to the terminal (tree: rich, colour when it is a terminal) or write to `output`."""
+    from . import render as r
+
+    try:
+        chosen = r.format_for_path(str(output) if output else None, fmt)
+        if output is None and chosen == "tree":
+            from rich.console import Console
+
+            from .render.tree import build_tree
+
+            Console(soft_wrap=False).print(build_tree(trace, **tree_opts))
+            return
+        opts = tree_opts if chosen == "tree" else {}
+        data = r.render(trace, chosen, **opts)
+    except r.RenderError as exc:
+        raise UsageError(str(exc)) from exc
+    if output is None:
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+        else:
+            sys.stdout.write(data if data.endswith("\n") else data + "\n")
+        sys.stdout.flush()
+        return
+    try:
+        if isinstance(data, bytes):
+            output.write_bytes(data)
+        else:
+            output.write_text(data, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}; check the folder exists") from exc
+    _stderr(f"wrote {output} ({chosen}: {len(trace.hooks)} hooks, {len(trace.events)} events)")
+
+
+def _load_trace(path: Path) -> Trace:
+    from .trace import TraceFormatError, load
+
+    if not path.exists():
+        raise UsageError(f"trace file not found: {path}; write one with hooktrace run TARGET -o {path.name}")
+    try:
+        return load(path)
+    except TraceFormatError as exc:
+        raise UsageError(
+            f"cannot read {path}: {exc}; give a trace written by hooktrace run -o FILE.json"
+        ) from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _compare(expected: Trace, observed: Trace, expected_name: str, observed_name: str) -> bool:
+    """Print the ordering differences; True when the orders are equal."""
+    from .analysis.diff import diff_traces
+
+    result = diff_traces(expected, observed)
+    if result.equal:
+        _stderr(f"same hook order: {expected_name} and {observed_name}")
+        return True
+    print(result.summary())
+    return False
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+@app.command()
+def run(
+    target: str = typer.Argument(..., help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."),
+    input: List[str] = typer.Option(
+        [], "--input", "-i", help="Input shape like 8x3x32x32, once per argument."
+    ),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype of --input tensors (default: model's)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu|cuda|auto; default: leave the model."),
+    no_backward: bool = typer.Option(False, "--no-backward", help="Run forward only."),
+    steps: int = typer.Option(1, "--steps", min=1, help="Forward(+backward) iterations."),
+    format: Optional[str] = FORMAT_OPT,
+    output: Optional[Path] = OUTPUT_OPT,
+    check: Optional[Path] = typer.Option(None, "--check", help="Exit 1 unless the order equals this trace."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks to launch (one trace each)."),
+    rank: Optional[int] = typer.Option(None, "--rank", min=0, help="With --nproc: the rank to show."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="With --nproc: seconds to wait."),
+    depth: Optional[int] = DEPTH_OPT,
+    module: Optional[str] = MODULE_OPT,
+    phase: Optional[str] = PHASE_OPT,
+    expand: bool = EXPAND_OPT,
+    traceback: bool = TRACEBACK_OPT,
+) -> None:
+    """Load TARGET, run forward and backward under the tracer, and show the order hooks fired."""
+    try:
+        tree_opts = _tree_options(depth, module, phase, expand)
+        if nproc is not None or rank is not None or timeout is not None:
+            raise UsageError("--nproc/--rank/--timeout are not supported yet (issue 6); run one process")
+        golden = _load_trace(check) if check is not None else None
+        if format is not None and format not in FORMATS:
+            raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+        from .capture.run import run as run_target
+        from .target import load_factory
+
+        result = run_target(
+            load_factory(target),
+            steps=steps,
+            backward=not no_backward,
+            input_shapes=input,
+            dtype=dtype,
+            device=device,
+        )
+        _output(result.trace, format, output, tree_opts)
+    except UsageError as exc:
+        _fail(exc, traceback)
+    for note in result.notes:
+        _stderr(f"note: {note}")
+    code = EXIT_OK
+    if result.exception is not None:
+        if traceback:
+            exc = result.exception
+            _traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        _stderr(f"run failed: {result.error}")
+        code = EXIT_DIFFERENT
+    if golden is not None and not _compare(golden, result.trace, str(check), target):
+        code = EXIT_DIFFERENT
+    raise typer.Exit(code)
+
+
+@app.command()
+def hooks(
+    target: str = typer.Argument(..., help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."),
+    traceback: bool = TRACEBACK_OPT,
+) -> None:
+    """Registered hooks per module, in the order PyTorch will fire them; nothing runs."""
+    try:
+        from .capture.run import firing_order, inventory
+        from .target import load_factory
+
+        trace = inventory(load_factory(target))
+    except UsageError as exc:
+        _fail(exc, traceback)
+    from rich.console import Console
+
+    Console(soft_wrap=False, highlight=False).print(_inventory_text(trace, firing_order(trace)))
+
+
+def _flags(hook: Any) -> str:
+    flags = []
+    if hook.scope == "global":
+        flags.append("global")
+    if hook.prepend:
+        flags.append("prepend" if hook.prepend_source != "inferred" else "prepend (inferred)")
+    if hook.with_kwargs:
+        flags.append("kwargs")
+    if hook.always_call:
+        flags.append("always")
+    return " ".join(f"[{f}]" for f in flags)
+
+
+def _inventory_text(trace: Trace, rows: list) -> Any:
+    from rich.text import Text
+
+    types = {m.path: m.type for m in trace.modules}
+    text = Text()
+    text.append(f"Hooks of {trace.meta.target}, in the order PyTorch will fire them (nothing was run)\n")
+    if not rows:
+        text.append("\nno hooks registered\n")
+        return text
+    current = None
+    for row in rows:
+        if row.module != current:
+            current = row.module
+            label = "(root)" if row.module == "" else row.module
+            text.append(f"\n{label}", style="bold")
+            text.append(f"  {types.get(row.module, '')}\n", style="dim")
+        where = f" on {row.tensor}" if row.tensor else ""
+        text.append(f"  {row.kind}{where}\n", style="cyan")
+        for n, hook in enumerate(row.hooks, 1):
+            text.append(f"    {n}. {hook.name}")
+            flags = _flags(hook)
+            if flags:
+                text.append(f" {flags}", style="yellow")
+            text.append(f"  defined {hook.defined_at or '?'}\n", style="dim")
+            text.append(f"       registered at {hook.registered_at or 'before capture'}", style="dim")
+            if hook.registered_by and hook.registered_by != hook.registered_at:
+                text.append(f" by {hook.registered_by}", style="dim")
+            text.append("\n")
+    n_global = sum(1 for h in trace.hooks if h.scope == "global")
+    if n_global:
+        text.append(
+            f"\nglobal hooks ({n_global}) fire first for every module, also those not listed\n", "dim"
+        )
+    return text
+
+
+@app.command()
+def render(
+    trace_file: Path = typer.Argument(..., metavar="TRACE.json", help="A trace written by hooktrace run -o."),
+    format: Optional[str] = FORMAT_OPT,
+    output: Optional[Path] = OUTPUT_OPT,
+    depth: Optional[int] = DEPTH_OPT,
+    module: Optional[str] = MODULE_OPT,
+    phase: Optional[str] = PHASE_OPT,
+    expand: bool = EXPAND_OPT,
+    traceback: bool = TRACEBACK_OPT,
+) -> None:
+    """Render a saved trace: the same picture as the run that made it."""
+    try:
+        tree_opts = _tree_options(depth, module, phase, expand)
+        if format is not None and format not in FORMATS:
+            raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+        _output(_load_trace(trace_file), format, output, tree_opts)
+    except UsageError as exc:
+        _fail(exc, traceback)
+
+
+@app.command()
+def diff(
+    a: Path = typer.Argument(..., metavar="A.json", help="The expected trace."),
+    b: Path = typer.Argument(..., metavar="B.json", help="The trace to compare with it."),
+    traceback: bool = TRACEBACK_OPT,
+) -> None:
+    """Ordering differences between two saved traces; exit 1 when they differ."""
+    try:
+        first, second = _load_trace(a), _load_trace(b)
+    except UsageError as exc:
+        _fail(exc, traceback)
+    raise typer.Exit(EXIT_OK if _compare(first, second, str(a), str(b)) else EXIT_DIFFERENT)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Console-script entry point: click's own usage errors become one `error:` line too."""
+    import click
+
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="hooktrace", standalone_mode=False)
+    except click.exceptions.UsageError as exc:
+        hint = f"; see {exc.ctx.command_path} --help" if exc.ctx is not None else "; see hooktrace --help"
+        _stderr(f"error: {exc.format_message()}{hint}")
+        return EXIT_USAGE
+    except click.exceptions.Abort:
+        _stderr("error: aborted")
+        return EXIT_DIFFERENT
+    except KeyboardInterrupt:
+        _stderr("error: interrupted")
+        return 130
+    return code if isinstance(code, int) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
