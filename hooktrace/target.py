@@ -48,7 +48,7 @@ class Target:
 class Factory:
     """A loaded factory: `factory()` calls it with the target's folder first on `sys.path`."""
 
-    spec: str
+    spec: str  # normalised "where:NAME"
     func: Callable[[], Any]
     label: str  # "make()" or "Builder.make()", for messages
     path_entry: Optional[str] = None
@@ -183,7 +183,7 @@ def load_factory(spec: str) -> Factory:
         )
     if not callable(obj):
         raise UsageError(f"{origin}:{name} is a {type(obj).__name__}, not callable; give a factory function")
-    return Factory(spec=spec, func=obj, label=f"{name}()", path_entry=path_entry)
+    return Factory(spec=f"{where}:{name}", func=obj, label=f"{name}()", path_entry=path_entry)
 
 
 def _is_module_instance(obj: Any) -> bool:
