@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from ..analysis.surprises import ROOT, find_surprises
 from ..trace import Event, Hook, Meta, Module, Trace
 from . import registry, shims, sites
 from .registry import CALL_DICTS, GLOBAL_DICTS, MODULE_DICTS, STATE_DICTS, TENSOR_DICTS
@@ -250,11 +251,17 @@ class TraceSession:
             record.tensor_ref = _weak(owner)
             record.tensor_desc = self._describe_tensor(owner, frame)
             return
+        scope = "global" if owner is None else "module"
         if owner is not None:
             self._path_of(owner)
         if kind in _STATE_DICT_KINDS:  # state_dict() calls no module: wrap now
-            self._wrap_one(d, handle.id, d[handle.id], kind, owner, "global" if owner is None else "module")
-        # forward/backward hooks are wrapped lazily, when the module is called (or at the final inventory)
+            self._wrap_one(d, handle.id, d[handle.id], kind, owner, scope)
+        elif handle.id not in self._records:
+            # forward/backward hooks are wrapped lazily, when the module is called; the record exists
+            # from now on, so a hook removed before it could fire is still in the trace
+            if kind == "backward":
+                kind = registry.backward_kind(owner)
+            self._new_record(handle.id, d[handle.id], kind, owner, scope)
 
     def _describe_tensor(self, tensor: Any, frame: Optional[FrameType]) -> Optional[tuple[str, Any]]:
         """Which module's output/input a tensor hook went on, from the innermost traced frame."""
@@ -411,8 +418,6 @@ class TraceSession:
 
     # -- finalisation --------------------------------------------------------------------
     def _build_trace(self) -> Trace:
-        from ..analysis.surprises import find_surprises
-
         model = self._model
         final_paths: dict[int, str] = {}
         modules: list[Module] = []
@@ -486,7 +491,9 @@ class TraceSession:
             elif r.tensor_desc is not None:
                 how, owner = r.tensor_desc
                 owner_path = paths.get(id(owner)) if owner is not None else None
-                tensor = f"{how} {owner_path if owner_path is not None else type(owner).__name__}"
+                if owner_path is None:
+                    owner_path = type(owner).__name__
+                tensor = f"{how} {owner_path or ROOT}"
             else:
                 tensor = "tensor"
         return Hook(
