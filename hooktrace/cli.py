@@ -75,8 +75,8 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts:
 
             Console(soft_wrap=False).print(build_tree(trace, **tree_opts))
             return
-        opts = tree_opts if chosen == "tree" else {}
-        data = r.render(trace, chosen, **opts)
+        takes = r.renderer(chosen).options
+        data = r.render(trace, chosen, **{k: v for k, v in tree_opts.items() if k in takes})
     except r.RenderError as exc:
         raise UsageError(str(exc)) from exc
     if output is None:
