@@ -1,0 +1,181 @@
+"""Chrome Trace Event Format: open the JSON in Perfetto (ui.perfetto.dev) or chrome://tracing.
+
+Module calls are complete (`X`) spans from their `enter` event (whose `duration_ns` is the whole
+call; the matching `exit` gives the end and any exception), hooks are `X` spans inside them, on
+the thread that ran them. Surprises are instant (`i`) events at the first event they name.
+Times are microseconds (floats), relative to the trace's start. A pure function of a `Trace`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any, Optional
+
+from ..trace import FORMAT, VERSION, Event, Hook, Trace
+
+NAME = "chrome"
+EXTENSION = ".json"
+BINARY = False
+
+
+def _us(ns: int) -> float:
+    return ns / 1000.0
+
+
+def _module_calls(events: list[Event]) -> dict[int, Event]:
+    """enter seq -> its matching exit event (same thread and module, innermost open call)."""
+    stacks: dict[tuple[int, Optional[str]], list[Event]] = {}
+    matched: dict[int, Event] = {}
+    for e in events:
+        key = (e.thread, e.module)
+        if e.type == "enter":
+            stacks.setdefault(key, []).append(e)
+        elif e.type == "exit" and stacks.get(key):
+            matched[stacks[key].pop().seq] = e
+    return matched
+
+
+def _hook_event(e: Event, h: Optional[Hook], pid: int) -> dict[str, Any]:
+    name = h.name if h is not None else f"<unknown hook {e.hook}>"
+    args: dict[str, Any] = {
+        "kind": e.kind,
+        "module": e.module,
+        "phase": e.phase,
+        "step": e.step,
+        "seq": e.seq,
+        "hook": e.hook,
+        "scope": h.scope if h is not None else None,
+    }
+    if h is not None:
+        if h.tensor is not None:
+            args["tensor"] = h.tensor
+        args.update(
+            prepend=h.prepend,
+            prepend_source=h.prepend_source,
+            **{"global": h.scope == "global"},
+            with_kwargs=h.with_kwargs,
+            always_call=h.always_call,
+            defined_at=h.defined_at,
+            registered_at=h.registered_at,
+        )
+    args["returned"] = e.returned
+    args["error"] = e.error
+    return {
+        "name": name,
+        "cat": e.phase,
+        "ph": "X",
+        "ts": _us(e.start_ns),
+        "dur": _us(e.duration_ns),
+        "pid": pid,
+        "tid": e.thread,
+        "args": args,
+    }
+
+
+def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int) -> dict[str, Any]:
+    duration = e.duration_ns
+    if not duration and end is not None:
+        duration = max(0, end.start_ns - e.start_ns)
+    path = "<root>" if e.module == "" else e.module
+    return {
+        "name": f"{path} ({mtype})" if mtype else str(path),
+        "cat": e.phase,
+        "ph": "X",
+        "ts": _us(e.start_ns),
+        "dur": _us(duration),
+        "pid": pid,
+        "tid": e.thread,
+        "args": {
+            "kind": "module_call",
+            "module": e.module,
+            "type": mtype,
+            "phase": e.phase,
+            "step": e.step,
+            "seq": e.seq,
+            "exit_seq": end.seq if end is not None else None,
+            "error": end.error if end is not None else None,
+        },
+    }
+
+
+def chrome_events(trace: Trace) -> list[dict[str, Any]]:
+    """The `traceEvents` list: metadata first, then spans in `seq` order, then surprises."""
+    pid = trace.meta.rank if trace.meta.rank is not None else 0
+    events = sorted(trace.events, key=lambda ev: ev.seq)
+    types = {m.path: m.type for m in trace.modules}
+    hooks = {h.id: h for h in trace.hooks}
+    calls = _module_calls(events)
+    by_seq = {e.seq: e for e in events}
+
+    title = f"hooktrace {trace.meta.target}" if trace.meta.target else "hooktrace"
+    if trace.meta.rank is not None:
+        title += f" rank {trace.meta.rank}"
+    out: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": title}}
+    ]
+    phases: dict[int, dict[str, None]] = {}
+    for e in events:
+        phases.setdefault(e.thread, {})[e.phase] = None
+    for i, (tid, ran) in enumerate(phases.items()):
+        label = f"python thread {i}: {', '.join(ran)}"
+        out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
+        out.append(
+            {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": i}}
+        )
+    exits_with_enter = {x.seq for x in calls.values()}
+    for e in events:
+        if e.type == "hook":
+            out.append(_hook_event(e, hooks.get(e.hook) if e.hook is not None else None, pid))
+        elif e.type == "enter":
+            out.append(_call_event(e, calls.get(e.seq), types.get(e.module or ""), pid))
+        elif e.error is not None and e.seq not in exits_with_enter:
+            # an exit whose enter was not recorded still shows its exception, as an instant
+            out.append(
+                {
+                    "name": f"{e.module or '<root>'} raised",
+                    "cat": e.phase,
+                    "ph": "i",
+                    "s": "t",
+                    "ts": _us(e.start_ns),
+                    "pid": pid,
+                    "tid": e.thread,
+                    "args": {"kind": "module_exit", "module": e.module, "seq": e.seq, "error": e.error},
+                }
+            )
+    for s in trace.surprises:
+        at = next((by_seq[q] for q in s.events if q in by_seq), None)
+        out.append(
+            {
+                "name": f"surprise: {s.rule}",
+                "cat": "surprise",
+                "ph": "i",
+                "s": "t" if at is not None else "p",
+                "ts": _us(at.start_ns) if at is not None else 0.0,
+                "pid": pid,
+                "tid": at.thread if at is not None else 0,
+                "args": {"rule": s.rule, "message": s.message, "hooks": s.hooks, "events": s.events},
+            }
+        )
+    return out
+
+
+def chrome_trace(trace: Trace) -> dict[str, Any]:
+    """The whole Trace Event Format document as a dict."""
+    meta = asdict(trace.meta)
+    meta.update(format=FORMAT, version=VERSION, hooks=len(trace.hooks), events=len(trace.events))
+    return {"traceEvents": chrome_events(trace), "displayTimeUnit": "ns", "otherData": meta}
+
+
+def chrome_json(trace: Trace) -> str:
+    """JSON text, one trace event per line so files diff and grep well."""
+    doc = chrome_trace(trace)
+    lines = ",\n".join(json.dumps(ev, separators=(",", ":"), ensure_ascii=False) for ev in doc["traceEvents"])
+    rest = {k: v for k, v in doc.items() if k != "traceEvents"}
+    tail = json.dumps(rest, separators=(",", ":"), ensure_ascii=False)[1:]
+    return '{"traceEvents":[\n' + lines + "\n]," + tail + "\n"
+
+
+def render(trace: Trace) -> str:
+    """Renderer entry point."""
+    return chrome_json(trace)
