@@ -78,8 +78,24 @@ class Zoo:
         return [self.labels[e.hook] for e in trace.events if e.type == "hook" and e.hook in self.labels]
 
 
-def snapshot_dicts(model: Optional[torch.nn.Module] = None, tensors: tuple = ()) -> dict[str, list]:
-    """Every hook dict as (id, object) pairs, in order: equal snapshots mean same ids, order and objects."""
+def _unshim(value: Any) -> Any:
+    return value.__wrapped__ if getattr(value, "__name__", "") == "hooktrace_shim" else value
+
+
+def snapshot_dicts(
+    model: Optional[torch.nn.Module] = None, tensors: tuple = (), see_through: bool = False
+) -> dict[str, list]:
+    """Every hook dict as (id, object) pairs, in order: equal snapshots mean same ids, order and objects.
+
+    see_through: inside a trace, record what a shim stands for (what the dict will hold afterwards).
+    """
+    snap = _snapshot(model, tensors)
+    if see_through:
+        snap = {name: [(k, id(_unshim(v)), _unshim(v)) for k, _, v in entries] for name, entries in snap.items()}
+    return snap
+
+
+def _snapshot(model: Optional[torch.nn.Module], tensors: tuple) -> dict[str, list]:
     snap: dict[str, list] = {}
     for attr in GLOBAL_DICT_ATTRS:
         d = getattr(nn_module, attr, None)
