@@ -24,10 +24,6 @@ from rich.tree import Tree
 
 from ..trace import PHASES, Event, Hook, Trace
 
-NAME = "tree"
-EXTENSION = ".txt"
-BINARY = False
-
 PHASE_TITLES = {
     "forward": "forward",
     "backward": "backward",
@@ -589,8 +585,3 @@ def tree_text(trace: Trace, *, width: int = 100, color: bool = False, **opts: An
     )
     console.print(build_tree(trace, **opts))
     return out.getvalue()
-
-
-def render(trace: Trace, **opts: Any) -> str:
-    """Renderer entry point: plain text, as written to a file."""
-    return tree_text(trace, **opts)
