@@ -89,6 +89,7 @@ class TraceSession:
         self._interceptor: Optional[registry.Interceptor] = None
         self._original_call_impl: Any = None
         self._run_codes: set[Any] = set()
+        self._outputs: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (weakref, module) for named outputs
         self._active = False
 
     # -- public API ----------------------------------------------------------------------
@@ -151,7 +152,11 @@ class TraceSession:
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._interceptor.install()
         self._original_call_impl = vars(torch.nn.Module)["_call_impl"]
-        call_impl = shims.make_call_impl(self._rec, self._original_call_impl, self._before_call)
+        global_backward = (registry.global_dict("_global_backward_pre_hooks") or {},
+                           registry.global_dict("_global_backward_hooks") or {})
+        call_impl = shims.make_call_impl(
+            self._rec, self._original_call_impl, self._before_call, self._on_output, global_backward
+        )
         torch.nn.Module._call_impl = call_impl
         self._run_codes = {call_impl.__code__}
         for attr, kind in GLOBAL_DICTS:
@@ -263,8 +268,24 @@ class TraceSession:
                 kind = registry.backward_kind(owner)
             self._new_record(handle.id, d[handle.id], kind, owner, scope)
 
+    def _on_output(self, module: Any, result: Any) -> None:
+        if len(self._outputs) > 4096:
+            self._outputs.clear()
+        for tensor in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(tensor, torch.Tensor):
+                ref = _weak(tensor)
+                if ref is not None:
+                    self._outputs[id(tensor)] = (ref, module)
+
     def _describe_tensor(self, tensor: Any, frame: Optional[FrameType]) -> Optional[tuple[str, Any]]:
-        """Which module's output/input a tensor hook went on, from the innermost traced frame."""
+        """Which module's output/input a tensor hook went on.
+
+        The output of a module with full backward hooks is known exactly (that is the tensor whose
+        hooks race its backward pre-hooks); otherwise the innermost traced frame tells.
+        """
+        known = self._outputs.get(id(tensor))
+        if known is not None and known[0]() is tensor:
+            return ("output of", known[1])
         while frame is not None:
             name = frame.f_code.co_name
             if name == "hooktrace_shim" and frame.f_code is _SHIM_CODE:
@@ -513,6 +534,7 @@ class TraceSession:
         self._keep.clear()
         self._paths.clear()
         self._global_call_dicts.clear()
+        self._outputs.clear()
         self._rec = shims.Recorder()
         self._model = None
         self._interceptor = None

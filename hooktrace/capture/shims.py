@@ -79,9 +79,18 @@ def make_shim(
 
 
 def make_call_impl(
-    rec: Recorder, original: Callable[..., Any], before_call: Callable[[Any], None]
+    rec: Recorder,
+    original: Callable[..., Any],
+    before_call: Callable[[Any], None],
+    on_output: Callable[[Any, Any], None],
+    global_backward: tuple[dict, dict],
 ) -> Callable[..., Any]:
-    """Replacement for `nn.Module._call_impl`: wraps new hooks, records `enter` and `exit`."""
+    """Replacement for `nn.Module._call_impl`: wraps new hooks, records `enter` and `exit`.
+
+    `on_output(module, result)` sees the output of modules with full backward hooks, so tensor
+    hooks registered on it later can be named "output of <module>".
+    """
+    global_pre, global_post = global_backward
     append = rec.events.append
     counter = rec.seq
     clock = time.perf_counter_ns
@@ -106,6 +115,8 @@ def make_call_impl(
         tid = ident()
         append((seq, step, ENTER, phase, self, None, tid, t0, t1 - t0, False, None))
         append((next(counter), step, EXIT, phase, self, None, tid, t1, 0, False, None))
+        if self._backward_pre_hooks or self._backward_hooks or global_pre or global_post:
+            on_output(self, result)
         return result
 
     return hooktrace_call_impl
