@@ -172,7 +172,7 @@ class Trace:
             raise TraceFormatError("not a hooktrace trace: the top level must be a JSON object")
         if data.get("format") != FORMAT:
             raise TraceFormatError(
-                f"not a hooktrace trace: expected \"format\": \"{FORMAT}\", got {data.get('format')!r}"
+                f'not a hooktrace trace: expected "format": "{FORMAT}", got {data.get("format")!r}'
             )
         if data.get("version") != VERSION:
             raise TraceFormatError(

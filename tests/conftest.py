@@ -27,6 +27,8 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
             return
         if not path.exists():
             pytest.fail(f"golden file {path} is missing; run pytest --update-golden and review the diff")
-        assert text == path.read_text(encoding="utf-8"), f"output differs from {path} (pytest --update-golden)"
+        assert text == path.read_text(encoding="utf-8"), (
+            f"output differs from {path} (pytest --update-golden)"
+        )
 
     return check

@@ -9,14 +9,27 @@ import torch
 import torch.nn.modules.module as nn_module
 
 MODULE_DICT_ATTRS = (
-    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks", "_state_dict_pre_hooks",
-    "_state_dict_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_state_dict_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
 )
 GLOBAL_DICT_ATTRS = (
-    "_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_with_kwargs",
-    "_global_forward_hooks_always_called", "_global_backward_pre_hooks", "_global_backward_hooks",
-    "_global_module_registration_hooks", "_global_parameter_registration_hooks",
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_forward_hooks_with_kwargs",
+    "_global_forward_hooks_always_called",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_module_registration_hooks",
+    "_global_parameter_registration_hooks",
     "_global_buffer_registration_hooks",
 )
 
@@ -30,7 +43,9 @@ class Zoo:
         self.expected: dict[int, dict[str, Any]] = {}
         self.in_backward = False  # set by the test right before it calls backward()
 
-    def fn(self, label: str, returns: Callable[..., Any] | None = None, raises: Optional[BaseException] = None):
+    def fn(
+        self, label: str, returns: Callable[..., Any] | None = None, raises: Optional[BaseException] = None
+    ):
         def hook(*args: Any, **kwargs: Any) -> Any:
             self.log.append(label)
             if raises is not None:
@@ -69,7 +84,9 @@ class Zoo:
         handle = function(self.fn(label), **flags)
         return self._keep(handle, label, kind=kind, scope="global", **flags)
 
-    def tensor(self, t: torch.Tensor, kind: str, label: str, returns: Callable[..., Any] | None = None) -> Any:
+    def tensor(
+        self, t: torch.Tensor, kind: str, label: str, returns: Callable[..., Any] | None = None
+    ) -> Any:
         method = t.register_hook if kind == "grad" else t.register_post_accumulate_grad_hook
         return self._keep(method(self.fn(label, returns)), label, kind=kind, scope="tensor")
 
@@ -91,7 +108,9 @@ def snapshot_dicts(
     """
     snap = _snapshot(model, tensors)
     if see_through:
-        snap = {name: [(k, id(_unshim(v)), _unshim(v)) for k, _, v in entries] for name, entries in snap.items()}
+        snap = {
+            name: [(k, id(_unshim(v)), _unshim(v)) for k, _, v in entries] for name, entries in snap.items()
+        }
     return snap
 
 

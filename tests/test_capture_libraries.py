@@ -76,8 +76,11 @@ def test_fsdp2_with_composable_checkpoint_order_flags_and_restore(gloo_one_rank)
     ckpt = [h for h in trace.hooks if h.name == "checkpoint.<locals>.forward_hook"]
     assert ckpt and all(h.prepend_source == "registration" for h in ckpt)
     # FSDP's pre-forward fires before the user's pre-hook, which was registered first
-    first_pre = [trace.hook(e.hook).name for e in trace.events
-                 if e.type == "hook" and e.module == "0" and e.kind == "forward_pre" and e.phase == "forward"]
+    first_pre = [
+        trace.hook(e.hook).name
+        for e in trace.events
+        if e.type == "hook" and e.module == "0" and e.kind == "forward_pre" and e.phase == "forward"
+    ]
     assert first_pre[:2] == ["FSDPState._pre_forward", "hook_user_pre0"]
     # checkpoint re-ran forward hooks during backward, on both steps
     recompute_steps = {e.step for e in trace.events if e.phase == "recompute" and e.type == "hook"}

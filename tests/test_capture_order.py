@@ -49,8 +49,12 @@ def run(m: nn.Module, zoo: Zoo, x: torch.Tensor | None = None) -> torch.Tensor:
 @pytest.fixture(autouse=True)
 def no_global_hooks_left():
     yield
-    for attr in ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
-                 "_global_backward_hooks"):
+    for attr in (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+    ):
         assert not getattr(nn_module, attr), f"a test leaked a global hook in {attr}"
     nn_module._global_is_full_backward_hook = None
 
@@ -90,7 +94,10 @@ def test_forward_hooks_every_flag_registered_inside():
     assert t.trace.hook(handles[5].id).prepend_source == "registration"
     assert t.trace.hook(handles[8].id).prepend is True
     assert t.trace.hook(handles[4].id).prepend is False
-    assert t.trace.hook(handles[5].id).registered_at == f"tests/oracle.py:{line_of('oracle.py', 'handle = method(')}"
+    assert (
+        t.trace.hook(handles[5].id).registered_at
+        == f"tests/oracle.py:{line_of('oracle.py', 'handle = method(')}"
+    )
     assert t.trace.hook(handles[5].id).registered_by.startswith("tests/oracle.py")
     # phases: forward hooks ran in forward
     phases = {e.phase for e in t.trace.events if e.type == "hook"}
@@ -153,7 +160,10 @@ def test_legacy_backward_hooks_module_and_global():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with hooktrace.trace(m) as t:
-            handles = [zoo.glob("backward_legacy", "g_legacy"), zoo.module(m[2], "backward_legacy", "legacy2")]
+            handles = [
+                zoo.glob("backward_legacy", "g_legacy"),
+                zoo.module(m[2], "backward_legacy", "legacy2"),
+            ]
             run(m, zoo)
             for h in handles:
                 h.remove()
@@ -188,7 +198,9 @@ def test_intermediate_tensor_hooks_and_multi_grad_hook():
     out_hook = next(hk for hk in trace.hooks if zoo.labels.get(hk.id) == "out_grad")
     assert (out_hook.tensor, out_hook.registered_during_run, out_hook.kind) == ("output of 1", True, "grad")
     multi_hooks = [hk for hk in trace.hooks if "register_multi_grad_hook" in hk.name]
-    assert len(multi_hooks) == 2 and all(hk.registered_at.startswith("torch/autograd/graph.py") for hk in multi_hooks)
+    assert len(multi_hooks) == 2 and all(
+        hk.registered_at.startswith("torch/autograd/graph.py") for hk in multi_hooks
+    )
     assert all(hk.registered_by.startswith("tests/test_capture_order.py") for hk in multi_hooks)
     fired = [e for e in trace.events if e.type == "hook" and e.hook in {hk.id for hk in multi_hooks}]
     assert len(fired) == 2
@@ -264,8 +276,10 @@ def test_always_call_hooks_run_after_forward_raises():
 def test_hook_that_raises_is_recorded_and_dicts_restored():
     m = model()
     zoo = Zoo()
-    handles = [zoo.module(m[0], "forward", "bad", raises=RuntimeError("bad hook")),
-               zoo.module(m[0], "forward", "always", always_call=True)]
+    handles = [
+        zoo.module(m[0], "forward", "bad", raises=RuntimeError("bad hook")),
+        zoo.module(m[0], "forward", "always", always_call=True),
+    ]
     before = snapshot_dicts(m)
     with pytest.raises(RuntimeError, match="bad hook"):
         with hooktrace.trace(m) as t:
@@ -301,6 +315,7 @@ def test_checkpoint_recompute_phase_matches_when_hooks_ran():
         def hook(*args):
             zoo.log.append(label)
             phases.append("recompute" if zoo.in_backward else "forward")
+
         return hook
 
     for name, mod in (("inner", m.inner), ("fc", m.inner.fc), ("act", m.inner.act)):
@@ -370,7 +385,9 @@ def test_restore_keeps_hooks_registered_inside_and_unwrapped():
     assert_no_shims(snap)
     assert [k for k, _, _ in snap["2:_forward_pre_hooks"]] == [new.id]
     assert snap["2:_forward_pre_hooks"][0][2].__qualname__ == "hook_new"
-    assert snap["0:_forward_hooks"][0][0] == old.id and snap["0:_forward_hooks"][0][2].__qualname__ == "hook_old"
+    assert (
+        snap["0:_forward_hooks"][0][0] == old.id and snap["0:_forward_hooks"][0][2].__qualname__ == "hook_old"
+    )
     assert snap["1:_forward_hooks"] == []
     assert [k for k, _, _ in snap["_global_forward_hooks"]] == [g.id]
     for h in (old, new, g):

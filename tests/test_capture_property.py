@@ -16,13 +16,33 @@ MODULE_KINDS = ("forward_pre", "forward", "backward_pre", "backward")
 GLOBAL_KINDS = ("forward_pre", "forward", "backward_pre", "backward")
 
 registration = st.one_of(
-    st.tuples(st.just("module"), st.sampled_from(MODULE_KINDS), st.integers(0, 3), st.booleans(), st.booleans(),
-              st.booleans()),
-    st.tuples(st.just("global"), st.sampled_from(GLOBAL_KINDS), st.just(0), st.just(False), st.booleans(),
-              st.booleans()),
-    st.tuples(st.just("tensor"), st.sampled_from(("grad", "post_accumulate_grad")), st.integers(0, 1),
-              st.just(False), st.just(False), st.just(False)),
-    st.tuples(st.just("remove"), st.just(""), st.integers(0, 50), st.just(False), st.just(False), st.just(False)),
+    st.tuples(
+        st.just("module"),
+        st.sampled_from(MODULE_KINDS),
+        st.integers(0, 3),
+        st.booleans(),
+        st.booleans(),
+        st.booleans(),
+    ),
+    st.tuples(
+        st.just("global"),
+        st.sampled_from(GLOBAL_KINDS),
+        st.just(0),
+        st.just(False),
+        st.booleans(),
+        st.booleans(),
+    ),
+    st.tuples(
+        st.just("tensor"),
+        st.sampled_from(("grad", "post_accumulate_grad")),
+        st.integers(0, 1),
+        st.just(False),
+        st.just(False),
+        st.just(False),
+    ),
+    st.tuples(
+        st.just("remove"), st.just(""), st.integers(0, 50), st.just(False), st.just(False), st.just(False)
+    ),
 )
 
 

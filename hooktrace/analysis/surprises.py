@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Iterable, Optional
 
-from ..trace import FORWARD_KINDS, REGISTRATION_KINDS, STATE_DICT_KINDS, TENSOR_KINDS, Event, Hook, Surprise, Trace
+from ..trace import (
+    FORWARD_KINDS,
+    REGISTRATION_KINDS,
+    STATE_DICT_KINDS,
+    TENSOR_KINDS,
+    Event,
+    Hook,
+    Surprise,
+    Trace,
+)
 
 ROOT = "<root>"
 # PyTorch raises this inside a checkpoint recompute to stop it early, and catches it itself.
@@ -75,13 +84,16 @@ def global_first(trace: Trace) -> list[Surprise]:
         hook = trace.hook(hid)
         how = "registered with prepend=True" if hook.prepend_source == "registration" else "prepended"
         names = _list(label(trace.hook(g)) for g in sorted(global_ids))
-        out.append(Surprise(
-            "global-first",
-            f"{label(hook)} on {where(hook.module)} was {how}, yet the global {hook.kind} hook(s) {names} "
-            f"still ran before it: PyTorch runs global module hooks before every module's own hooks, and "
-            f"prepend only reorders the module's own dict.",
-            [hid, *sorted(global_ids)], sorted(set(seqs)),
-        ))
+        out.append(
+            Surprise(
+                "global-first",
+                f"{label(hook)} on {where(hook.module)} was {how}, yet the global {hook.kind} hook(s) {names} "
+                f"still ran before it: PyTorch runs global module hooks before every module's own hooks, and "
+                f"prepend only reorders the module's own dict.",
+                [hid, *sorted(global_ids)],
+                sorted(set(seqs)),
+            )
+        )
     return out
 
 
@@ -104,17 +116,22 @@ def prepend_displaced(trace: Trace) -> list[Surprise]:
         hook = trace.hook(hid)
         later = [trace.hook(a) for a in sorted(ahead)]
         names = _list(label(h) for h in later)
-        out.append(Surprise(
-            "prepend-displaced",
-            f"{label(hook)} on {where(hook.module)} is flagged prepend but did not run first among the module's "
-            f"{hook.kind} hooks: {names} went in front of it (a later prepend=True wins over an earlier one).",
-            [hid, *sorted(ahead)], sorted(set(seqs)),
-        ))
+        out.append(
+            Surprise(
+                "prepend-displaced",
+                f"{label(hook)} on {where(hook.module)} is flagged prepend but did not run first among the module's "
+                f"{hook.kind} hooks: {names} went in front of it (a later prepend=True wins over an earlier one).",
+                [hid, *sorted(ahead)],
+                sorted(set(seqs)),
+            )
+        )
     return out
 
 
 def recompute(trace: Trace) -> list[Surprise]:
-    events = [e for e in trace.events if e.phase == "recompute" and e.type == "hook" and e.kind in FORWARD_KINDS]
+    events = [
+        e for e in trace.events if e.phase == "recompute" and e.type == "hook" and e.kind in FORWARD_KINDS
+    ]
     if not events:
         return []
     modules = _list(where(e.module) for e in events)
@@ -123,13 +140,19 @@ def recompute(trace: Trace) -> list[Surprise]:
         f"forward hooks fired again during backward ({len(events)} call(s) on {modules}): activation "
         f"checkpointing re-ran the forward, so these hooks see a second forward per step."
     )
-    stopped = [e for e in trace.events if e.type == "exit" and e.phase == "recompute" and is_internal_error(e.error)]
+    stopped = [
+        e for e in trace.events if e.type == "exit" and e.phase == "recompute" and is_internal_error(e.error)
+    ]
     if stopped:
-        forward_ids = {(e.step, e.module, e.hook) for e in trace.events if e.type == "hook"
-                       and e.phase == "forward" and e.kind in FORWARD_KINDS}
+        forward_ids = {
+            (e.step, e.module, e.hook)
+            for e in trace.events
+            if e.type == "hook" and e.phase == "forward" and e.kind in FORWARD_KINDS
+        }
         again = {(e.step, e.module, e.hook) for e in events}
-        skipped = sorted({hid for (step, _m, hid) in forward_ids - again
-                          if any(s.step == step for s in stopped)})
+        skipped = sorted(
+            {hid for (step, _m, hid) in forward_ids - again if any(s.step == step for s in stopped)}
+        )
         message += (
             f" The recompute stopped early in {_list(where(e.module) for e in stopped)} (PyTorch's checkpoint "
             f"stops once it has what backward needs)"
@@ -153,11 +176,15 @@ def _never_fired_reason(trace: Trace, hook: Hook, entered: set, raised: set, bac
     if hook.scope == "module" and hook.module not in entered:
         return f"its module {where(hook.module)} was never called"
     if hook.kind == "forward" and hook.module in raised and not hook.always_call:
-        return (f"the forward of {where(hook.module)} raised before forward hooks ran "
-                f"(always_call=True would have run it)")
+        return (
+            f"the forward of {where(hook.module)} raised before forward hooks ran "
+            f"(always_call=True would have run it)"
+        )
     if hook.scope == "module" and hook.kind in ("backward_pre", "backward", "backward_legacy"):
-        return (f"no gradient flowed through {where(hook.module)} (its outputs did not require grad or were "
-                f"not used by the loss)")
+        return (
+            f"no gradient flowed through {where(hook.module)} (its outputs did not require grad or were "
+            f"not used by the loss)"
+        )
     if hook.scope == "tensor":
         return f"no gradient was computed for {hook.tensor or 'its tensor'}"
     if hook.registered_during_run:
@@ -168,7 +195,9 @@ def _never_fired_reason(trace: Trace, hook: Hook, entered: set, raised: set, bac
 def never_fired(trace: Trace) -> list[Surprise]:
     fired = {e.hook for e in trace.events if e.type == "hook"}
     entered = {e.module for e in trace.events if e.type == "enter"}
-    raised = {e.module for e in trace.events if e.type == "exit" and e.error and not is_internal_error(e.error)}
+    raised = {
+        e.module for e in trace.events if e.type == "exit" and e.error and not is_internal_error(e.error)
+    }
     backward_ran = any(e.phase == "backward" for e in trace.events)
     by_reason: dict[str, list[Hook]] = defaultdict(list)
     for hook in trace.hooks:
@@ -179,7 +208,8 @@ def never_fired(trace: Trace) -> list[Surprise]:
             "never-fired",
             f"{_list(f'{label(h)} ({h.kind} on {h.tensor or where(h.module)})' for h in hooks)} never fired: "
             f"{reason}.",
-            [h.id for h in hooks], [],
+            [h.id for h in hooks],
+            [],
         )
         for reason, hooks in by_reason.items()
     ]
@@ -194,12 +224,15 @@ def replaced_value(trace: Trace) -> list[Surprise]:
     for hid, seqs in by_hook.items():
         hook = trace.hook(hid)
         what = REPLACED.get(hook.kind, "a value PyTorch uses")
-        out.append(Surprise(
-            "replaced-value",
-            f"{label(hook)} ({hook.kind} on {hook.tensor or where(hook.module)}) returned a value {len(seqs)} "
-            f"time(s); it replaced {what}, so every hook after it saw the replacement.",
-            [hid], seqs,
-        ))
+        out.append(
+            Surprise(
+                "replaced-value",
+                f"{label(hook)} ({hook.kind} on {hook.tensor or where(hook.module)}) returned a value {len(seqs)} "
+                f"time(s); it replaced {what}, so every hook after it saw the replacement.",
+                [hid],
+                seqs,
+            )
+        )
     return out
 
 
@@ -210,7 +243,8 @@ def legacy_backward(trace: Trace) -> list[Surprise]:
             f"{label(h)} on {where(h.module)} uses register_backward_hook (non-full): it is attached to the "
             f"grad_fn of the output's last operation, so grad_input can miss gradients when forward has "
             f"several operations. Use register_full_backward_hook.",
-            [h.id], [e.seq for e in trace.events if e.type == "hook" and e.hook == h.id][:50],
+            [h.id],
+            [e.seq for e in trace.events if e.type == "hook" and e.hook == h.id][:50],
         )
         for h in trace.hooks
         if h.kind == "backward_legacy"
@@ -233,17 +267,24 @@ def hook_error(trace: Trace) -> list[Surprise]:
                     still.append(later)
         message = f"{label(hook)} ({hook.kind} on {hook.tensor or where(e.module)}) raised {e.error}."
         if still:
-            message += f" always_call hooks that still ran: {_list(label(trace.hook(s.hook)) for s in still)}."
+            message += (
+                f" always_call hooks that still ran: {_list(label(trace.hook(s.hook)) for s in still)}."
+            )
         elif e.kind in FORWARD_KINDS:
             message += " No always_call forward hook ran after it."
-        out.append(Surprise("hook-error", message, [hook.id, *(s.hook for s in still)],
-                            [e.seq, *(s.seq for s in still)]))
+        out.append(
+            Surprise(
+                "hook-error", message, [hook.id, *(s.hook for s in still)], [e.seq, *(s.seq for s in still)]
+            )
+        )
     return out
 
 
 def _on_parameter(hook: Hook) -> bool:
-    return hook.scope == "tensor" and bool(hook.tensor) and not hook.tensor.startswith(
-        ("output of", "input of", "tensor in", "tensor")
+    return (
+        hook.scope == "tensor"
+        and bool(hook.tensor)
+        and not hook.tensor.startswith(("output of", "input of", "tensor in", "tensor"))
     )
 
 
@@ -251,18 +292,21 @@ def registered_during_run(trace: Trace) -> list[Surprise]:
     hooks = [h for h in trace.hooks if h.registered_during_run and (h.scope != "tensor" or _on_parameter(h))]
     if not hooks:
         return []
-    return [Surprise(
-        "registered-during-run",
-        f"{_list(f'{label(h)} ({h.kind} on {h.tensor or where(h.module)})' for h in hooks)} "
-        f"{'was' if len(hooks) == 1 else 'were'} registered while the model ran, so the hook order differs "
-        f"between the call that registered {'it' if len(hooks) == 1 else 'them'} and later calls or steps.",
-        [h.id for h in hooks], [],
-    )]
+    return [
+        Surprise(
+            "registered-during-run",
+            f"{_list(f'{label(h)} ({h.kind} on {h.tensor or where(h.module)})' for h in hooks)} "
+            f"{'was' if len(hooks) == 1 else 'were'} registered while the model ran, so the hook order differs "
+            f"between the call that registered {'it' if len(hooks) == 1 else 'them'} and later calls or steps.",
+            [h.id for h in hooks],
+            [],
+        )
+    ]
 
 
 def _output_module(hook: Hook) -> Optional[str]:
     if hook.scope == "tensor" and hook.tensor and hook.tensor.startswith("output of "):
-        path = hook.tensor[len("output of "):]
+        path = hook.tensor[len("output of ") :]
         return "" if path == ROOT else path
     return None
 
@@ -286,14 +330,19 @@ def output_hook_before_backward_pre(trace: Trace) -> list[Surprise]:
     for hid, seqs in found.items():
         hook = trace.hook(hid)
         module = _output_module(hook)
-        pre_ids = sorted({ev.hook for ev in trace.events if ev.seq in set(seqs) and ev.kind == "backward_pre"})
-        out.append(Surprise(
-            "output-hook-before-backward-pre",
-            f"tensor hook {label(hook)} on the {hook.tensor} fired before the full backward pre-hook(s) "
-            f"{_list(label(trace.hook(p)) for p in pre_ids)} of {where(module)}: a hook on the output tensor "
-            f"runs when its gradient is ready, before the module's backward hooks see grad_output.",
-            [hid, *pre_ids], sorted(set(seqs)),
-        ))
+        pre_ids = sorted(
+            {ev.hook for ev in trace.events if ev.seq in set(seqs) and ev.kind == "backward_pre"}
+        )
+        out.append(
+            Surprise(
+                "output-hook-before-backward-pre",
+                f"tensor hook {label(hook)} on the {hook.tensor} fired before the full backward pre-hook(s) "
+                f"{_list(label(trace.hook(p)) for p in pre_ids)} of {where(module)}: a hook on the output tensor "
+                f"runs when its gradient is ready, before the module's backward hooks see grad_output.",
+                [hid, *pre_ids],
+                sorted(set(seqs)),
+            )
+        )
     return out
 
 

@@ -162,14 +162,18 @@ class Interceptor:
             setattr(owner, name, original)
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        self._saved.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
+        self._saved.append(
+            (owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name))
+        )
         setattr(owner, name, replacement)
 
     # -- wrappers ------------------------------------------------------------------------
     def _busy(self) -> bool:
         return getattr(self._local, "depth", 0) > 0
 
-    def _wrap_register(self, original: Callable[..., Any], kind: str, is_global: bool = False) -> Callable[..., Any]:
+    def _wrap_register(
+        self, original: Callable[..., Any], kind: str, is_global: bool = False
+    ) -> Callable[..., Any]:
         signature = inspect.signature(original)
         local = self._local
         on_register = self._on_register

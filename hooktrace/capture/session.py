@@ -28,8 +28,16 @@ _FIXED_PHASE = {
     "post_accumulate_grad": shims.BACKWARD,
 }
 # PyTorch calls these module hooks with the module as first argument.
-_MODULE_FIRST = {"forward_pre", "forward", "backward_pre", "backward", "backward_legacy", "state_dict_pre",
-                 "state_dict", "load_state_dict_post"}
+_MODULE_FIRST = {
+    "forward_pre",
+    "forward",
+    "backward_pre",
+    "backward",
+    "backward_legacy",
+    "state_dict_pre",
+    "state_dict",
+    "load_state_dict_post",
+}
 
 _STATE_DICT_KINDS = {kind for _, kind in STATE_DICTS}
 _SHIM_CODE = shims.make_shim(shims.Recorder(), print, -1, None, None, False).__code__
@@ -152,8 +160,10 @@ class TraceSession:
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._interceptor.install()
         self._original_call_impl = vars(torch.nn.Module)["_call_impl"]
-        global_backward = (registry.global_dict("_global_backward_pre_hooks") or {},
-                           registry.global_dict("_global_backward_hooks") or {})
+        global_backward = (
+            registry.global_dict("_global_backward_pre_hooks") or {},
+            registry.global_dict("_global_backward_hooks") or {},
+        )
         call_impl = shims.make_call_impl(
             self._rec, self._original_call_impl, self._before_call, self._on_output, global_backward
         )
@@ -243,7 +253,9 @@ class TraceSession:
         if self._during_run(sys._getframe(1)):
             record.removed_during_run = True
 
-    def _on_register(self, handle: RemovableHandle, kind: str, owner: Any, arguments: dict, frame: Any) -> None:
+    def _on_register(
+        self, handle: RemovableHandle, kind: str, owner: Any, arguments: dict, frame: Any
+    ) -> None:
         site = self._site(frame)
         site.prepend = bool(arguments.get("prepend", False))
         self._sites[handle.id] = site
@@ -365,7 +377,9 @@ class TraceSession:
 
     def _new_record(self, hid: int, fn: Any, kind: str, owner: Any, scope: str) -> _Record:
         site = self._sites.get(hid)
-        with_kwargs, always_call = registry.module_flags(owner, kind, hid) if scope != "tensor" else (False, False)
+        with_kwargs, always_call = (
+            registry.module_flags(owner, kind, hid) if scope != "tensor" else (False, False)
+        )
         record = _Record(
             id=hid,
             kind=kind,
@@ -466,8 +480,20 @@ class TraceSession:
             else:
                 path = None
             events.append(
-                Event(seq, step, etype, phase, path, hid, record.kind if record else None, tid, t0 - start, dur,
-                      returned, error)
+                Event(
+                    seq,
+                    step,
+                    etype,
+                    phase,
+                    path,
+                    hid,
+                    record.kind if record else None,
+                    tid,
+                    t0 - start,
+                    dur,
+                    returned,
+                    error,
+                )
             )
         meta = self._meta
         meta.torch = torch.__version__
@@ -518,10 +544,20 @@ class TraceSession:
             else:
                 tensor = "tensor"
         return Hook(
-            id=r.id, kind=r.kind, scope=r.scope, module=module, tensor=tensor, name=r.name,
-            defined_at=r.defined_at, registered_at=r.registered_at, registered_by=r.registered_by,
-            prepend=r.prepend, prepend_source=r.prepend_source, with_kwargs=r.with_kwargs,
-            always_call=r.always_call, registered_during_run=r.registered_during_run,
+            id=r.id,
+            kind=r.kind,
+            scope=r.scope,
+            module=module,
+            tensor=tensor,
+            name=r.name,
+            defined_at=r.defined_at,
+            registered_at=r.registered_at,
+            registered_by=r.registered_by,
+            prepend=r.prepend,
+            prepend_source=r.prepend_source,
+            with_kwargs=r.with_kwargs,
+            always_call=r.always_call,
+            registered_during_run=r.registered_during_run,
             removed_during_run=r.removed_during_run,
         )
 

@@ -70,9 +70,13 @@ def make_shim(
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            append((seq, rec.step, HOOK, phase, mod, hook_id, ident(), t0, clock() - t0, False, error_text(exc)))
+            append(
+                (seq, rec.step, HOOK, phase, mod, hook_id, ident(), t0, clock() - t0, False, error_text(exc))
+            )
             raise
-        append((seq, rec.step, HOOK, phase, mod, hook_id, ident(), t0, clock() - t0, result is not None, None))
+        append(
+            (seq, rec.step, HOOK, phase, mod, hook_id, ident(), t0, clock() - t0, result is not None, None)
+        )
         return result
 
     return hooktrace_shim

@@ -17,7 +17,8 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _HOOKTRACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # PyTorch's own registration plumbing: never the interesting "registered_at" frame.
 _PLUMBING = tuple(
-    os.path.join(_TORCH_DIR, p) for p in ("nn/modules/module.py", "_tensor.py", "utils/hooks.py", "overrides.py")
+    os.path.join(_TORCH_DIR, p)
+    for p in ("nn/modules/module.py", "_tensor.py", "utils/hooks.py", "overrides.py")
 )
 
 
@@ -96,7 +97,7 @@ def _code_of(fn: Any) -> Any:
         pass
     code = getattr(fn, "__code__", None)
     if code is None and not inspect.isfunction(fn):
-        call = getattr(type(fn), "__call__", None)
+        call = vars(type(fn)).get("__call__") or type(fn).__call__
         code = getattr(call, "__code__", None)
     return code
 
