@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict
 from typing import Any, Optional
 
+from ..analysis.surprises import is_internal_error
 from ..trace import FORMAT, VERSION, Event, Hook, Trace
 
 NAME = "chrome"
@@ -95,6 +96,7 @@ def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int) 
             "seq": e.seq,
             "exit_seq": end.seq if end is not None else None,
             "error": end.error if end is not None else None,
+            "stopped_by_pytorch": is_internal_error(end.error) if end is not None else False,
         },
     }
 

@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 
 import graphviz
 
+from ..analysis.surprises import is_internal_error
 from ..trace import Event, Hook, Trace
 from . import RenderError
 
@@ -46,6 +47,7 @@ DEFAULT_FILL = "#eeeeee"
 PREPEND = {"fillcolor": "#ffd54f", "color": "#a67c00", "penwidth": "2"}
 GLOBAL = {"fillcolor": "#b2ebf2", "color": "#00838f", "penwidth": "2"}
 ERROR = {"fillcolor": "#ffcdd2", "color": "#d50000", "fontcolor": "#b71c1c", "penwidth": "2"}
+STOPPED = {"color": "#ef6c00", "fontcolor": "#e65100", "penwidth": "2"}  # PyTorch's own, caught exception
 MORE = {
     "shape": "note",
     "style": "filled",
@@ -245,6 +247,11 @@ def _esc(text: str, limit: int = MAX_TEXT) -> str:
     return text.replace("\\", "\\\\")
 
 
+def _err(error: str) -> str:
+    """`"Type: message"`, or just `"Type"` when the message is empty."""
+    return error.rstrip().rstrip(":")
+
+
 def _label(*lines: str) -> str:
     return graphviz.nohtml("\\n".join(lines))
 
@@ -293,9 +300,10 @@ class _Emitter:
         badges = _badges(h, f.events)
         if badges:
             lines.append(_esc(" · ".join(badges)))
-        errors = [x.error for x in f.events if x.error is not None]
-        if errors:
-            lines.append(_esc(f"error: {errors[0]}"))
+        errors = [x.error for x in f.events if x.error is not None and not is_internal_error(x.error)]
+        stops = [x.error for x in f.events if is_internal_error(x.error)]
+        if errors or stops:
+            lines.append(_esc(f"error: {_err((errors or stops)[0])}"))
         rules = [r for x in f.events for r in self.rules.get(x.seq, ())]
         if rules:
             lines.append(_esc("surprise: " + ", ".join(dict.fromkeys(rules))))
@@ -306,6 +314,8 @@ class _Emitter:
             attrs.update(PREPEND)
         if errors:
             attrs.update(ERROR)
+        elif stops:
+            attrs.update(STOPPED)
         tooltip = [f"hook id {e.hook}" if h is None else f"hook id {h.id}, {h.scope} {h.kind}"]
         if h is not None and h.defined_at:
             tooltip.append(f"defined at {h.defined_at}")
@@ -357,30 +367,32 @@ class _Emitter:
 
     def cluster(self, g: graphviz.Digraph, block: _Block) -> None:
         with g.subgraph(name=self.cluster_name()) as c:
+            # set every attribute: a cluster inherits the ones its parent cluster set
+            attrs = {"style": "rounded,filled", "fillcolor": "white", "color": "#757575"}
+            attrs.update(penwidth="1", fontcolor="black")
             if block.kind == "step":
-                c.attr(label=f"step {block.step}", style="rounded,bold", color="#555555", fillcolor="white")
+                lines = [f"step {block.step}"]
+                attrs.update(style="rounded,bold", color="#555555", penwidth="2")
             elif block.kind == "phase":
-                c.attr(
-                    label=_esc(PHASE_TITLES.get(block.phase, block.phase)),
-                    style="rounded,filled",
-                    fillcolor=PHASE_FILL.get(block.phase, "#f4f4f4"),
-                    color="#9e9e9e",
-                )
+                lines = [_esc(PHASE_TITLES.get(block.phase, block.phase))]
+                attrs.update(fillcolor=PHASE_FILL.get(block.phase, "#f4f4f4"), color="#9e9e9e")
             else:
                 mtype = self.types.get(block.module or "")
-                title = _name(block) + (f" ({mtype})" if mtype else "")
-                lines = [_esc(title)]
-                attrs = {"style": "rounded,filled", "fillcolor": "white", "color": "#757575"}
+                lines = [_esc(_name(block) + (f" ({mtype})" if mtype else ""))]
                 if block.kind == "group":
                     attrs["style"] = "rounded,filled,dashed"
-                if block.error is not None:
-                    lines.append(_esc(f"raised {block.error}"))
-                    attrs.update({"color": ERROR["color"], "fontcolor": ERROR["fontcolor"], "penwidth": "2"})
-                c.attr(label=_label(*lines), **attrs)
-                if block.error is not None and not block.children:
-                    node_id = f"x{block.seq}"
-                    c.node(node_id, _label(_esc(f"raised {block.error}")), **ERROR, style="filled")
-                    self.chain.append((block.seq, node_id))
+                if is_internal_error(block.error):
+                    lines.append(_esc(f"stopped by PyTorch: {_err(block.error)}"))
+                    attrs.update(STOPPED)
+                elif block.error is not None:
+                    lines.append(_esc(f"raised {_err(block.error)}"))
+                    attrs.update(color=ERROR["color"], fontcolor=ERROR["fontcolor"], penwidth="2")
+            c.attr(label=_label(*lines), **attrs)
+            if block.error is not None and not block.children:
+                node_id = f"x{block.seq}"
+                style = STOPPED if is_internal_error(block.error) else ERROR
+                c.node(node_id, _label(_esc(f"raised {_err(block.error)}")), **style, style="filled")
+                self.chain.append((block.seq, node_id))
             self.children(c, block)
 
     def legend(self, g: graphviz.Digraph) -> None:
