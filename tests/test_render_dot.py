@@ -1,0 +1,183 @@
+"""DOT/SVG renderer: golden DOT of hand-built traces, what the graph says (order, clusters, colours,
+collapse), and that Graphviz's own `dot` accepts it (skipped when it is not installed)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from typing import Callable
+
+import pytest
+
+from hooktrace.render.dot import ERROR, GLOBAL, PREPEND, STOPPED, dot_source, svg
+from hooktrace.trace import Trace
+from tests.test_renderers_all import SAMPLES, Builder, layers, recompute_two_steps, two_layer, with_errors
+
+HAS_DOT = shutil.which("dot") is not None
+needs_dot = pytest.mark.skipif(not HAS_DOT, reason="Graphviz dot is not installed")
+
+GOLDEN = {
+    "two_layer": two_layer,
+    "with_errors": with_errors,
+    "recompute_two_steps": recompute_two_steps,
+    "layers12": lambda: layers(12),
+    "layers3_two_steps": lambda: layers(3, steps=2),
+}
+
+
+def nodes(dot: str) -> dict[str, str]:
+    """node id -> its attribute text, for hook nodes (e<seq>) and collapse notes (more<seq>)."""
+    return dict(re.findall(r"^\s*((?:e|more)\d+) \[(.*)\]$", dot, flags=re.M))
+
+
+def edges(dot: str) -> list[tuple[str, str]]:
+    return re.findall(r"^\s*(\w+) -> (\w+)$", dot, flags=re.M)
+
+
+def cluster_labels(dot: str) -> list[str]:
+    return re.findall(r'^\s*color=.* label=("[^"]*"|\S+)', dot, flags=re.M)
+
+
+@pytest.mark.parametrize("name", list(GOLDEN))
+def test_golden_dot(name: str, golden: Callable[[str, str], None]) -> None:
+    golden(f"dot/{name}.dot", dot_source(GOLDEN[name]()))
+
+
+def test_hooks_are_nodes_joined_in_firing_order() -> None:
+    trace = two_layer()
+    dot = dot_source(trace)
+    hook_seqs = [e.seq for e in trace.events if e.type == "hook"]
+    assert sorted(int(n[1:]) for n in nodes(dot)) == hook_seqs
+    assert edges(dot) == [(f"e{a}", f"e{b}") for a, b in zip(hook_seqs, hook_seqs[1:])]
+
+
+def test_clusters_per_phase_and_module_call() -> None:
+    dot = dot_source(two_layer())
+    labels = cluster_labels(dot)
+    assert labels[:4] == ["forward", '"<root> (Net)"', '"fc1 (Linear)"', '"act (ReLU)"']
+    assert "backward" in labels and '"fc2 (Linear)"' in labels
+    assert not any(label.startswith('"step') for label in labels), "one step: no step clusters"
+    dot2 = dot_source(recompute_two_steps())
+    labels2 = cluster_labels(dot2)
+    assert labels2.count('"step 0"') == 1 and labels2.count('"step 1"') == 1
+    assert labels2.count('"recompute (forward again during backward)"') == 2
+
+
+def test_prepend_global_and_error_nodes_stand_out() -> None:
+    dot = dot_source(two_layer())
+    n = nodes(dot)
+    assert "\\nearly\\nprepend" in n["e4"] and f'fillcolor="{PREPEND["fillcolor"]}"' in n["e4"]
+    assert "\\nglobal_pre\\nglobal" in n["e1"] and f'fillcolor="{GLOBAL["fillcolor"]}"' in n["e1"]
+    assert "with_kwargs · always_call" in n["e6"]
+    assert "returned" in n["e5"]
+    assert "on fc1.weight" in n["e17"]
+    assert "surprise: global-first" in n["e3"]
+    err = nodes(dot_source(with_errors()))
+    assert (
+        "error: ValueError: bad shape (2, 3)" in err["e2"]
+        and f'fillcolor="{ERROR["fillcolor"]}"' in err["e2"]
+    )
+    assert f'fillcolor="{ERROR["fillcolor"]}"' not in err["e3"], "the always_call hook that ran is no error"
+    assert 'label="fc (Linear)\\nraised ValueError: bad shape (2, 3)"' in dot_source(with_errors())
+
+
+def test_checkpoint_stop_is_not_drawn_as_an_error() -> None:
+    b = Builder(("block", "Block"))
+    h = b.hook("forward_pre", "block", "pre")
+    b.enter("block", "recompute")
+    b.fire(h, "block", "recompute")
+    b.exit("block", "recompute", error="_StopRecomputationError: ")
+    dot = dot_source(b.trace())
+    assert "stopped by PyTorch: _StopRecomputationError" in dot
+    assert STOPPED["color"] in dot and ERROR["color"] not in dot.split("cluster_legend")[0]
+
+
+def test_legend_names_every_style() -> None:
+    legend = dot_source(two_layer()).split("subgraph cluster_legend")[1]
+    for word in ("module hook", "prepend", "global", "tensor hook", "error", "×N more"):
+        assert word in legend
+
+
+def test_identical_layers_collapse_and_expand() -> None:
+    trace = layers(12)
+    dot = dot_source(trace)
+    n_hooks = sum(1 for e in trace.events if e.type == "hook")
+    assert "×11 more with the same hook order\\nlayers.1 … layers.11" in dot
+    assert "×11 more with the same hook order\\nlayers.10 … layers.0" in dot
+    assert '"layers.0 (EncoderLayer)"' in dot and '"layers.11 (EncoderLayer)"' in dot
+    assert "layers.5" not in dot
+    assert len(nodes(dot)) < n_hooks / 5
+    chain = [int(re.sub(r"\D", "", a)) for a, _ in edges(dot)]
+    assert chain == sorted(chain), "sequence edges still follow the firing order"
+
+    full = dot_source(trace, expand=True)
+    assert "more" not in "".join(nodes(full)) and "×" not in full.split("cluster_legend")[0]
+    assert len(nodes(full)) == n_hooks
+    assert all(f'"layers.{i} (EncoderLayer)"' in full for i in range(12))
+
+
+def test_one_identical_sibling_is_drawn_not_collapsed() -> None:
+    dot = dot_source(layers(2))
+    assert "more" not in "".join(nodes(dot))
+    assert '"layers.1 (EncoderLayer)"' in dot
+
+
+def test_identical_steps_collapse_and_repeated_calls_aggregate() -> None:
+    dot = dot_source(layers(2, steps=3))
+    assert "×2 more steps with the same hook order\\nsteps 1–2" in dot
+    assert '"step 1"' not in dot
+    rec = nodes(dot_source(recompute_two_steps()))
+    assert "post_accumulate_grad  #14…#15  ×2" in rec["e14"]
+    expanded = nodes(dot_source(recompute_two_steps(), expand=True))
+    assert "e15" in expanded and "×2" not in expanded["e14"]
+
+
+def test_empty_trace() -> None:
+    assert "no hook fired in this trace" in dot_source(SAMPLES["empty"]())
+
+
+def test_awkward_names_are_escaped() -> None:
+    b = Builder(("fc", "Linear"))
+    h = b.hook("forward", "fc", 'we"ird\\name <x>')
+    b.enter("fc")
+    b.fire(h, "fc")
+    b.exit("fc")
+    dot = dot_source(b.trace())
+    assert 'we\\"ird\\\\name <x>' in dot
+    if HAS_DOT:
+        root = ET.fromstring(svg(b.trace()))
+        texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+        assert 'we"ird\\name <x>' in texts
+
+
+@needs_dot
+@pytest.mark.parametrize("name", [*SAMPLES, "layers12_expanded"])
+def test_graphviz_accepts_the_dot(name: str) -> None:
+    trace = layers(12) if name == "layers12_expanded" else SAMPLES[name]()
+    source = dot_source(trace, expand=name.endswith("expanded"))
+    done = subprocess.run(["dot", "-Tsvg"], input=source, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr and "Error" not in done.stderr, done.stderr
+    assert "<svg" in done.stdout
+
+
+@needs_dot
+def test_svg_is_xml_naming_hooks_prepend_and_global() -> None:
+    trace = two_layer()
+    root = ET.fromstring(svg(trace))
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    for h in trace.hooks:
+        assert h.name in texts
+    assert "prepend" in texts and "global" in texts
+
+
+@needs_dot
+def test_svg_of_a_big_synthetic_transformer() -> None:
+    trace: Trace = layers(12, steps=2, subs=("self_attn", "dropout", "linear1", "linear2", "norm1", "norm2"))
+    root = ET.fromstring(svg(trace))
+    texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "×11 more with the same hook order" in texts
+    assert "×1 more step with the same hook order" in texts
