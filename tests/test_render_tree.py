@@ -523,6 +523,21 @@ def test_surprises_panel_and_summary() -> None:
     assert "global-first" in forward_only and "replaced-value" not in forward_only
 
 
+def test_surprises_that_differ_only_in_layer_numbers_are_grouped() -> None:
+    b = encoder(12)
+    for i in range(12):
+        msg = f"`pre` on `layers.{i}.self_attn.out_proj` never fired: its module was never called (see #{i})"
+        b.surprises.append(Surprise("never-fired", msg, [i], []))
+    b.surprises.append(Surprise("never-fired", "`pre` on `layers` never fired", [99], []))
+    text = plain(b.trace())
+    assert "13 surprises" in text
+    assert "layers.0.self_attn.out_proj" in text and "layers.1.self_attn.out_proj" not in text
+    assert "×11 more like this for other numbered modules" in text
+    assert "`pre` on `layers` never fired" in text
+    expanded = plain(b.trace(), expand=True)
+    assert "layers.11.self_attn.out_proj" in expanded and "more like this" not in expanded
+
+
 def test_summary_has_total_time_only_with_times() -> None:
     trace = two_layer().trace()
     assert plain(trace, times=True).strip().endswith("17.5 µs total")
@@ -682,3 +697,38 @@ def test_real_checkpoint_shows_recompute() -> None:
     recompute = text[text.index("recompute (forward again during backward)") :]
     assert len(lines_with(recompute, "forward_pre")) == 1
     assert len(lines_with(text[: text.index("recompute (")], "forward_pre")) == 1
+
+
+def pre(module: Any, args: Any) -> None: ...
+
+
+def post(module: Any, args: Any, output: Any) -> None: ...
+
+
+def bpre(module: Any, grad_output: Any) -> None: ...
+
+
+def bpost(module: Any, grad_input: Any, grad_output: Any) -> None: ...
+
+
+def test_real_transformer_encoder_reads_in_about_two_screens() -> None:
+    torch = _real_capture()
+    import hooktrace
+
+    nn = torch.nn
+    layer = nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=12, enable_nested_tensor=False)
+    with hooktrace.trace(model) as t:
+        for _, m in model.named_modules():
+            m.register_forward_pre_hook(pre)
+            m.register_forward_hook(post)
+            m.register_full_backward_pre_hook(bpre)
+            m.register_full_backward_hook(bpost)
+        model(torch.randn(2, 3, 8, requires_grad=True)).sum().backward()
+    text = plain(t.trace)
+    assert len(text.splitlines()) <= 120
+    assert "×11 more with the same order (layers.1 … layers.11" in text
+    assert "×11 more with the same order (layers.10 … layers.0" in text
+    expanded = plain(t.trace, expand=True)
+    events = [e.seq for e in t.trace.events if e.type == "hook"]
+    assert [s for s, _, _ in hook_lines(expanded)] == events  # no recompute: printed order is event order

@@ -15,6 +15,7 @@ Consecutive sibling calls of identical shape (12 transformer layers) show once, 
 from __future__ import annotations
 
 import io
+import re
 from typing import Any, Optional, Union
 
 from rich.console import Console, Group, RenderableType
@@ -421,9 +422,23 @@ def _summary(events: list[Event], ctx: _Context, n_steps: int, n_surprises: int,
     return Text(", ".join(parts), style="bold")
 
 
-def _surprise_panel(surprises: list[Any]) -> Panel:
+_NUMBERED = re.compile(r"(?<=\.)\d+\b|\b\d+(?=\.[A-Za-z_])|(?<=#)\d+")
+
+
+def _group_surprises(surprises: list[Any], expand: bool) -> list[tuple[Any, int]]:
+    """(first surprise, how many more alike) per rule and message that differ only in numbered
+    module paths (layers.0 / layers.1) or seqs, in order of first appearance."""
+    if expand:
+        return [(s, 0) for s in surprises]
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for s in surprises:
+        groups.setdefault((s.rule, _NUMBERED.sub("N", s.message)), [s, 0])[1] += 1
+    return [(first, count - 1) for first, count in groups.values()]
+
+
+def _surprise_panel(surprises: list[Any], expand: bool) -> Panel:
     body = Text()
-    for i, s in enumerate(surprises):
+    for i, (s, alike) in enumerate(_group_surprises(surprises, expand)):
         if i:
             body.append("\n")
         body.append(s.rule, style="bold yellow")
@@ -432,6 +447,8 @@ def _surprise_panel(surprises: list[Any]) -> Panel:
             shown = " ".join(f"#{q}" for q in s.events[:6])
             more = f" (+{len(s.events) - 6} more)" if len(s.events) > 6 else ""
             body.append(f"  [see {shown}{more}]", style="dim")
+        if alike:
+            body.append(f"\n  ×{alike} more like this for other numbered modules", style="italic")
     title = f"{len(surprises)} surprise{'s' if len(surprises) != 1 else ''}"
     return Panel(body, title=title, title_align="left", border_style="yellow", expand=True)
 
@@ -495,7 +512,7 @@ def build_tree(
         else:
             parts.append(tree)
     if surprises:
-        parts.append(_surprise_panel(surprises))
+        parts.append(_surprise_panel(surprises, expand))
     if kept:
         parts.append(summary)
     return Group(*parts)
