@@ -3,7 +3,10 @@
 Module calls are complete (`X`) spans from their `enter` event (whose `duration_ns` is the whole
 call; the matching `exit` gives the end and any exception), hooks are `X` spans inside them, on
 the thread that ran them. Surprises are instant (`i`) events at the first event they name.
-Times are microseconds (floats), relative to the trace's start. A pure function of a `Trace`.
+Times are microseconds (floats), relative to the trace's start. `tid` numbers the recording
+threads 1, 2, … in order of first appearance, because Python's thread idents do not fit the 32
+bits Perfetto reads (it merges such threads); the ident itself is in each event's `args.thread`
+and in the thread's name. A pure function of a `Trace`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def _module_calls(events: list[Event]) -> dict[int, Event]:
     return matched
 
 
-def _hook_event(e: Event, h: Optional[Hook], pid: int) -> dict[str, Any]:
+def _hook_event(e: Event, h: Optional[Hook], pid: int, tid: int) -> dict[str, Any]:
     name = h.name if h is not None else f"<unknown hook {e.hook}>"
     args: dict[str, Any] = {
         "kind": e.kind,
@@ -60,8 +63,7 @@ def _hook_event(e: Event, h: Optional[Hook], pid: int) -> dict[str, Any]:
             defined_at=h.defined_at,
             registered_at=h.registered_at,
         )
-    args["returned"] = e.returned
-    args["error"] = e.error
+    args.update(returned=e.returned, error=e.error, thread=e.thread)
     return {
         "name": name,
         "cat": e.phase,
@@ -69,12 +71,12 @@ def _hook_event(e: Event, h: Optional[Hook], pid: int) -> dict[str, Any]:
         "ts": _us(e.start_ns),
         "dur": _us(e.duration_ns),
         "pid": pid,
-        "tid": e.thread,
+        "tid": tid,
         "args": args,
     }
 
 
-def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int) -> dict[str, Any]:
+def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int, tid: int) -> dict[str, Any]:
     duration = e.duration_ns
     if not duration and end is not None:
         duration = max(0, end.start_ns - e.start_ns)
@@ -86,7 +88,7 @@ def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int) 
         "ts": _us(e.start_ns),
         "dur": _us(duration),
         "pid": pid,
-        "tid": e.thread,
+        "tid": tid,
         "args": {
             "kind": "module_call",
             "module": e.module,
@@ -97,6 +99,7 @@ def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int) 
             "exit_seq": end.seq if end is not None else None,
             "error": end.error if end is not None else None,
             "stopped_by_pytorch": is_internal_error(end.error) if end is not None else False,
+            "thread": e.thread,
         },
     }
 
@@ -119,18 +122,21 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
     phases: dict[int, dict[str, None]] = {}
     for e in events:
         phases.setdefault(e.thread, {})[e.phase] = None
-    for i, (tid, ran) in enumerate(phases.items()):
-        label = f"python thread {i}: {', '.join(ran)}"
+    tids = {ident: n for n, ident in enumerate(phases, start=1)}
+    for ident, ran in phases.items():
+        tid = tids[ident]
+        label = f"thread {tid} ({ident}): {', '.join(ran)}"
         out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
         out.append(
-            {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": i}}
+            {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
         )
     exits_with_enter = {x.seq for x in calls.values()}
     for e in events:
         if e.type == "hook":
-            out.append(_hook_event(e, hooks.get(e.hook) if e.hook is not None else None, pid))
+            hook = hooks.get(e.hook) if e.hook is not None else None
+            out.append(_hook_event(e, hook, pid, tids[e.thread]))
         elif e.type == "enter":
-            out.append(_call_event(e, calls.get(e.seq), types.get(e.module or ""), pid))
+            out.append(_call_event(e, calls.get(e.seq), types.get(e.module or ""), pid, tids[e.thread]))
         elif e.error is not None and e.seq not in exits_with_enter:
             # an exit whose enter was not recorded still shows its exception, as an instant
             out.append(
@@ -141,7 +147,7 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
                     "s": "t",
                     "ts": _us(e.start_ns),
                     "pid": pid,
-                    "tid": e.thread,
+                    "tid": tids[e.thread],
                     "args": {"kind": "module_exit", "module": e.module, "seq": e.seq, "error": e.error},
                 }
             )
@@ -155,7 +161,7 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
                 "s": "t" if at is not None else "p",
                 "ts": _us(at.start_ns) if at is not None else 0.0,
                 "pid": pid,
-                "tid": at.thread if at is not None else 0,
+                "tid": tids[at.thread] if at is not None else 0,
                 "args": {"rule": s.rule, "message": s.message, "hooks": s.hooks, "events": s.events},
             }
         )
