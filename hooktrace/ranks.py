@@ -41,6 +41,8 @@ DEFAULT_TIMEOUT = 120.0
 # After asking the ranks to stop (SIGTERM), how long they get to write their partial traces.
 _STOP_GRACE = 5.0
 _POLL = 0.1
+# Once every rank has reported, how long the launcher gets to shut down by itself.
+_LAUNCHER_GRACE = 3.0
 _MAX_DIFF_LINES = 8
 _WORKER_MODULE = "hooktrace.ranks"
 
@@ -660,10 +662,17 @@ def _run(
 def _watch(proc: subprocess.Popen, run_dir: str, nproc: int, timeout: float) -> bool:
     """Wait for the launcher; True when a rank outlived the others by `timeout` and all were stopped."""
     first_done: Optional[float] = None
+    all_done: Optional[float] = None
     while proc.poll() is None:
         statuses = _statuses(run_dir, nproc)
-        if first_done is None and any(s.get("state") in _FINISHED for s in statuses.values()):
+        done = [s for s in statuses.values() if s.get("state") in _FINISHED]
+        if first_done is None and done:
             first_done = time.monotonic()
+        if all_done is None and len(done) == nproc:
+            all_done = time.monotonic()
+        if all_done is not None and time.monotonic() - all_done > _LAUNCHER_GRACE:
+            _stop(proc, run_dir, nproc)  # every rank reported and wrote its trace: no need to wait longer
+            return False
         if first_done is not None and time.monotonic() - first_done > timeout:
             for rank, status in statuses.items():
                 if status.get("state") == "running":
@@ -864,5 +873,13 @@ def _work(
     return 1
 
 
+def _main() -> None:
+    code = worker_main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written and reported: skip the interpreter's slow teardown of torch (seconds per rank).
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    _main()
