@@ -408,6 +408,11 @@ class _Emitter:
                 ("legend_global", ("global", "register_module_* hook"), GLOBAL),
                 ("legend_tensor", ("grad", "tensor hook"), {"fillcolor": KIND_FILL["grad"]}),
                 ("legend_error", ("error", "the hook or module raised"), ERROR),
+                (
+                    "legend_stopped",
+                    ("stopped", "PyTorch's own caught exception"),
+                    {**STOPPED, "fillcolor": "white"},
+                ),
             ]
             for node_id, lines, attrs in entries:
                 c.node(node_id, _label(*lines), **attrs)
