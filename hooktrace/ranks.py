@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
 from .analysis.diff import TraceDiff, diff_traces
-from .target import UsageError
+from .target import UsageError, split_spec
 from .trace import Hook, Trace, TraceFormatError, load
 
 DEFAULT_TIMEOUT = 120.0
@@ -565,6 +565,15 @@ def _tail(text: str, lines: int = 1) -> str:
     return " | ".join(kept[-lines:])
 
 
+def _check_target(target: str) -> None:
+    """Catch a missing file here, before N processes start only to say so (the ranks check the rest)."""
+    where, _name = split_spec(target)
+    is_file = where.endswith(".py") or "/" in where or os.sep in where  # as hooktrace.target reads it
+    if is_file and not os.path.isfile(where):
+        what = "is a folder" if os.path.isdir(where) else "not found"
+        raise UsageError(f"file {what}: {os.path.abspath(where)}; give the path to a .py file")
+
+
 def run_ranks(
     target: str,
     nproc: int,
@@ -588,6 +597,7 @@ def run_ranks(
         raise UsageError(f"--rank {show_rank}: give a rank from 0 to {nproc - 1} (--nproc {nproc})")
     if timeout <= 0:
         raise UsageError(f"--timeout {timeout:g}: give a positive number of seconds")
+    _check_target(target)
     if out is not None:
         folder = os.path.dirname(os.path.abspath(out))
         if not os.path.isdir(folder):
@@ -874,7 +884,11 @@ def _work(
 
 
 def _main() -> None:
-    code = worker_main()
+    try:
+        code = worker_main()
+    except UsageError as exc:  # started by hand, not by the launcher
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
     sys.stdout.flush()
     sys.stderr.flush()
     # Everything is written and reported: skip the interpreter's slow teardown of torch (seconds per rank).

@@ -20,6 +20,8 @@ from hooktrace.ranks import (
     FAILED,
     HUNG,
     OK,
+    STOPPED,
+    USAGE,
     RankOutcome,
     RanksResult,
     compare_pair,
@@ -159,8 +161,25 @@ def test_bad_arguments_are_usage_errors_before_anything_starts(tmp_path: Path) -
         run_ranks("x.py", 0, out=None, worker_args=[], timeout=10, show_rank=0)
     with pytest.raises(UsageError, match="--timeout"):
         run_ranks("x.py", 2, out=None, worker_args=[], timeout=0, show_rank=0)
+    model = tmp_path / "model.py"
+    model.write_text("def make():\n    pass\n")
     with pytest.raises(UsageError, match="does not exist"):
-        run_ranks("x.py", 2, out=str(tmp_path / "no" / "run.json"), worker_args=[], timeout=10, show_rank=0)
+        run_ranks(
+            str(model), 2, out=str(tmp_path / "no" / "run.json"), worker_args=[], timeout=10, show_rank=0
+        )
+    with pytest.raises(UsageError, match="file not found: .*missing.py"):
+        run_ranks(str(tmp_path / "missing.py"), 2, out=None, worker_args=[], timeout=10, show_rank=0)
+
+
+def test_usage_error_on_every_rank_is_exit_2_with_its_message() -> None:
+    outcomes = [
+        RankOutcome(0, USAGE, error="x.py has no attribute 'nope'"),
+        RankOutcome(1, STOPPED, error="stopped by SIGTERM: the launcher stops every rank when one fails"),
+    ]
+    result = RanksResult(nproc=2, show_rank=0, ranks=outcomes, comparisons=[])
+    assert result.usage_error == "x.py has no attribute 'nope'" and result.exit_code == 2
+    outcomes[1].state = OK  # one rank ran: not a usage error of the whole run
+    assert result.usage_error is None and result.exit_code == 1
 
 
 # -- real ranks: 2 processes over gloo on CPU ---------------------------------------------------------
@@ -323,3 +342,14 @@ def test_a_hanging_rank_is_stopped_after_the_timeout_with_its_partial_trace(tmp_
     assert fired == ["stall"]
     assert result.trace_dir is not None and Path(result.trace_dir, "trace.rank1.json").exists()
     assert "stopped every rank: one still ran 3s after another had stopped" in result.summary()
+
+
+def test_a_factory_name_that_does_not_exist_is_a_usage_error_from_the_ranks(tmp_path: Path) -> None:
+    factory = tmp_path / "model.py"
+    factory.write_text("def make():\n    raise AssertionError('never called')\n")
+    result = run_ranks(
+        f"{factory}:nope", 2, out=str(tmp_path / "u.json"), worker_args=[], timeout=30, show_rank=0
+    )
+    assert result.exit_code == 2, result.summary() + result.launcher_output[-2000:]
+    assert result.usage_error is not None and "has no attribute 'nope'" in result.usage_error
+    assert not (tmp_path / "u.rank0.json").exists()
