@@ -18,10 +18,6 @@ from typing import Any, Optional
 from ..analysis.surprises import is_internal_error
 from ..trace import FORMAT, VERSION, Event, Hook, Trace
 
-NAME = "chrome"
-EXTENSION = ".json"
-BINARY = False
-
 
 def _us(ns: int) -> float:
     return ns / 1000.0
@@ -182,8 +178,3 @@ def chrome_json(trace: Trace) -> str:
     rest = {k: v for k, v in doc.items() if k != "traceEvents"}
     tail = json.dumps(rest, separators=(",", ":"), ensure_ascii=False)[1:]
     return '{"traceEvents":[\n' + lines + "\n]," + tail + "\n"
-
-
-def render(trace: Trace) -> str:
-    """Renderer entry point."""
-    return chrome_json(trace)

@@ -18,10 +18,6 @@ from ..analysis.surprises import is_internal_error
 from ..trace import Event, Hook, Trace
 from . import RenderError
 
-NAME = "dot"
-EXTENSION = ".dot"
-BINARY = False
-
 INSTALL_HINT = (
     "Graphviz's `dot` program is needed for SVG: install it with `apt-get install graphviz`, "
     "`brew install graphviz` or `conda install -c conda-forge graphviz`, or write --format dot instead"
@@ -504,8 +500,3 @@ def svg(trace: Trace, *, expand: bool = False) -> str:
     except graphviz.CalledProcessError as exc:
         detail = (exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
         raise RenderError(f"Graphviz dot failed: {detail[-1] if detail else exc}") from None
-
-
-def render(trace: Trace, *, expand: bool = False) -> str:
-    """Renderer entry point (DOT text)."""
-    return dot_source(trace, expand=expand)
