@@ -14,9 +14,13 @@ Consecutive sibling calls of identical shape (12 transformer layers) show once, 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
+import operator
 import re
-from typing import Any, Optional, Union
+from collections import Counter
+from typing import Any, Iterator, Optional, Union
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -94,6 +98,7 @@ class _Node:
         "sig",
         "hooks",
         "calls",
+        "opened",
     )
 
     def __init__(
@@ -110,43 +115,53 @@ class _Node:
         self.sig = 0
         self.hooks = 0  # hook events in the subtree, after pruning
         self.calls = 0  # module calls in the subtree, before pruning
+        self.opened = False  # on a stack because of its enter, until its exit
 
 
 class _Builder:
-    """Nesting of one (phase, step): roots in event order and one open-call stack per thread."""
+    """Nesting of one (phase, step): roots in event order and one stack of open nodes per thread.
 
-    __slots__ = ("roots", "stacks")
+    A node on a stack is either a call opened by its `enter` (closed by its `exit`) or a group of
+    hooks (closed as soon as a hook of a module outside it fires).
+    """
+
+    __slots__ = ("roots", "stacks", "thread", "stack")
 
     def __init__(self) -> None:
         self.roots: list[_Node] = []
-        # stack entries: (node, opened_by_enter); entries not opened by enter close implicitly
-        self.stacks: dict[int, list[tuple[_Node, bool]]] = {}
+        self.stacks: dict[int, list[_Node]] = {}
+        self.thread: Optional[int] = None
+        self.stack: list[_Node] = []
 
-    def _siblings(self, stack: list[tuple[_Node, bool]]) -> list[Any]:
-        return stack[-1][0].children if stack else self.roots
+    def _stack(self, thread: int) -> list[_Node]:
+        if thread != self.thread:
+            self.thread = thread
+            self.stack = self.stacks.setdefault(thread, [])
+        return self.stack
 
     def enter(self, e: Event) -> None:
-        stack = self.stacks.setdefault(e.thread, [])
+        stack = self._stack(e.thread)
         module = e.module
-        while stack and not stack[-1][1] and not _contains(stack[-1][0].module, module):
+        while stack and not stack[-1].opened and not _contains(stack[-1].module, module):
             stack.pop()
-        if stack and not stack[-1][1] and stack[-1][0].module == module and not stack[-1][0].explicit:
+        if stack and not stack[-1].opened and not stack[-1].explicit and stack[-1].module == module:
             # hooks of this module were seen before its enter: that group is this call
-            node = stack[-1][0]
-            node.explicit = True
+            node = stack[-1]
+            node.explicit = node.opened = True
             node.start_ns, node.duration_ns = e.start_ns, e.duration_ns
-            stack[-1] = (node, True)
             return
         node = _Node(module, True, e.seq, e.start_ns, e.duration_ns)
-        self._siblings(stack).append(node)
-        stack.append((node, True))
+        node.opened = True
+        (stack[-1].children if stack else self.roots).append(node)
+        stack.append(node)
 
     def exit(self, e: Event) -> None:
-        stack = self.stacks.setdefault(e.thread, [])
+        stack = self._stack(e.thread)
         for i in range(len(stack) - 1, -1, -1):
-            node, opened = stack[i]
-            if opened and node.module == e.module:
+            node = stack[i]
+            if node.opened and node.module == e.module:
                 del stack[i:]
+                node.opened = False
                 node.last_seq = e.seq
                 node.error = e.error
                 if not node.duration_ns:
@@ -155,13 +170,16 @@ class _Builder:
         if e.error is not None:  # an exit without its enter still shows its exception
             node = _Node(e.module, True, e.seq)
             node.error = e.error
-            self._siblings(stack).append(node)
+            (stack[-1].children if stack else self.roots).append(node)
 
     def hook(self, e: Event, module: Optional[str]) -> None:
-        stack = self.stacks.setdefault(e.thread, [])
+        stack = self._stack(e.thread)
+        if stack and stack[-1].module == module:
+            stack[-1].children.append(e)
+            return
         if module is None:  # a tensor hook that belongs to no module: into what is open
             if stack:
-                stack[-1][0].children.append(e)
+                stack[-1].children.append(e)
             elif self.roots and self.roots[-1].module is None:
                 self.roots[-1].children.append(e)
             else:
@@ -169,12 +187,12 @@ class _Builder:
                 node.children.append(e)
                 self.roots.append(node)
             return
-        while stack and not stack[-1][1] and not _contains(stack[-1][0].module, module):
+        while stack and not stack[-1].opened and not _contains(stack[-1].module, module):
             stack.pop()
-        if stack and stack[-1][0].module == module:
-            stack[-1][0].children.append(e)
+        if stack and stack[-1].module == module:
+            stack[-1].children.append(e)
             return
-        siblings = self._siblings(stack)
+        siblings = stack[-1].children if stack else self.roots
         last = siblings[-1] if siblings else None
         if type(last) is _Node and last.module == module:
             node = last  # appending to the last sibling keeps the reading order
@@ -182,7 +200,7 @@ class _Builder:
             node = _Node(module, False, e.seq)
             siblings.append(node)
         node.children.append(e)
-        stack.append((node, False))
+        stack.append(node)
 
 
 class _Context:
@@ -239,35 +257,38 @@ class _Context:
             order.append(node)
             todo.extend(c for c in node.children if type(c) is _Node)
         hook_shapes = self.hook_shapes
+        show_empty = self.show_empty
         for node in reversed(order):
             children = node.children
-            if not children:
-                node.sig = self.intern(
-                    ("c", node.explicit, self.types.get(node.module or ""), node.error is None)
-                )
-                node.calls = 1 if node.explicit else 0
-                continue
             here = node.module
             hooks = 0
             calls = 1 if node.explicit else 0
-            kept: list[Any] = []
+            pruned = False
             parts: list[Any] = []
             for c in children:
                 if type(c) is _Node:
                     calls += c.calls
-                    if not c.hooks and c.error is None and not self.show_empty:
+                    if not c.hooks and c.error is None and not show_empty:
+                        pruned = True
                         continue
                     hooks += c.hooks
                     parts.append((_rel(c.module, here), c.sig))
                 else:
                     hooks += 1
-                    key = (c.hook, c.kind, c.returned, c.error is None, c.module == here or c.module)
+                    # the common case (a plain hook of this very module) keyed by its id alone
+                    if c.module == here and not c.returned and c.error is None:
+                        key: Any = c.hook
+                    else:
+                        key = (c.hook, c.kind, c.returned, c.error is None, c.module == here or c.module)
                     shape = hook_shapes.get(key)
                     parts.append(shape if shape is not None else self.hook_shape(c, here, key))
-                kept.append(c)
-            last = children[-1]
-            node.last_seq = max(node.last_seq, last.last_seq if type(last) is _Node else last.seq)
-            node.children = kept
+            if children:
+                last = children[-1]
+                node.last_seq = max(node.last_seq, last.last_seq if type(last) is _Node else last.seq)
+            if pruned:
+                node.children = [
+                    c for c in children if type(c) is not _Node or c.hooks or c.error is not None
+                ]
             node.hooks = hooks
             node.calls = calls
             node.sig = self.intern(
@@ -396,17 +417,17 @@ def _badges(h: Optional[Hook], e: Event) -> list[str]:
 
 
 def _ordered(events: list[Event]) -> list[Event]:
-    for a, b in zip(events, events[1:]):
-        if a.seq > b.seq:
-            return sorted(events, key=lambda ev: ev.seq)
-    return events
+    seqs = [e[0] for e in events]
+    if all(map(operator.lt, seqs, seqs[1:])):
+        return events
+    return sorted(events, key=operator.itemgetter(0))
 
 
 def _summary(events: list[Event], ctx: _Context, n_steps: int, n_surprises: int, *, times: bool) -> Text:
-    hook_ids = {e.hook for e in events if e.type == "hook"}
-    hook_events = sum(1 for e in events if e.type == "hook")
-    calls = sum(1 for e in events if e.type == "enter")
-    modules = {e.module for e in events if e.module is not None}
+    types = Counter(map(operator.attrgetter("type"), events))
+    hook_events, calls = types["hook"], types["enter"]
+    hook_ids = set(map(operator.attrgetter("hook"), events)) - {None}
+    modules = set(map(operator.attrgetter("module"), events)) - {None}
     parts = [
         f"{len(hook_ids)} hook{'s' if len(hook_ids) != 1 else ''} fired ({hook_events} hook events)",
         f"{calls} module call{'s' if calls != 1 else ''}",
@@ -416,9 +437,9 @@ def _summary(events: list[Event], ctx: _Context, n_steps: int, n_surprises: int,
         parts.append(f"{n_steps} steps")
     parts.append(f"{n_surprises} surprise{'s' if n_surprises != 1 else ''}")
     if times and events:
-        t0 = min(e.start_ns for e in events)
-        t1 = max(e.start_ns + e.duration_ns for e in events)
-        parts.append(f"{_fmt_ns(t1 - t0)} total")
+        starts = list(map(operator.attrgetter("start_ns"), events))
+        ends = map(operator.add, starts, map(operator.attrgetter("duration_ns"), events))
+        parts.append(f"{_fmt_ns(max(ends) - min(starts))} total")
     return Text(", ".join(parts), style="bold")
 
 
@@ -474,7 +495,24 @@ def build_tree(
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be 0 or more, got {depth}")
     ctx = _Context(trace, expand=expand, times=times, show_empty=show_empty, depth=depth)
+    with _gc_paused():
+        return _build(trace, ctx, module, phase)
 
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The nodes built here hold no cycles; without this the cyclic collector rescans every live
+    event of a large trace again and again, which more than doubles the time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(trace: Trace, ctx: _Context, module: Optional[str], phase: Optional[str]) -> Group:
     builders: dict[tuple[str, int], _Builder] = {}
     kept: list[Event] = []
     b_key: Any = None
@@ -498,7 +536,7 @@ def build_tree(
 
     surprises = _relevant_surprises(trace, kept, filtered=phase is not None or module is not None)
     steps = sorted({e.step for e in kept})
-    summary = _summary(kept, ctx, len(steps), len(surprises), times=times)
+    summary = _summary(kept, ctx, len(steps), len(surprises), times=ctx.times)
     parts: list[RenderableType] = []
     if not kept:
         parts.append(Text(_empty_message(trace, module, phase), style="bold"))
@@ -512,7 +550,7 @@ def build_tree(
         else:
             parts.append(tree)
     if surprises:
-        parts.append(_surprise_panel(surprises, expand))
+        parts.append(_surprise_panel(surprises, ctx.expand))
     if kept:
         parts.append(summary)
     return Group(*parts)
