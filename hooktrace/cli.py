@@ -7,6 +7,7 @@ torch is imported only by `run` and `hooks`, so `--help`, `render` and `diff` st
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback as _traceback
 from pathlib import Path
@@ -151,11 +152,36 @@ def run(
     """Load TARGET, run forward and backward under the tracer, and show the order hooks fired."""
     try:
         tree_opts = _tree_options(depth, module, phase, expand)
-        if nproc is not None or rank is not None or timeout is not None:
-            raise UsageError("--nproc/--rank/--timeout are not supported yet (issue 6); run one process")
         golden = _load_trace(check) if check is not None else None
         if format is not None and format not in FORMATS:
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+        if nproc is None and (rank is not None or timeout is not None):
+            raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
+        if nproc is not None:
+            from .ranks import DEFAULT_TIMEOUT, run_options, run_ranks
+
+            ranks = run_ranks(
+                target,
+                nproc,
+                out=str(output) if output is not None else None,
+                worker_args=run_options(
+                    steps=steps, backward=not no_backward, input_shapes=input, dtype=dtype, device=device
+                ),
+                timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
+                show_rank=rank or 0,
+            )
+            if ranks.usage_error is not None:
+                raise UsageError(ranks.usage_error)
+            if ranks.shown is not None:  # -o names the per-rank JSON traces; the terminal shows one rank
+                _output(ranks.shown, format, None, tree_opts)
+            print(ranks.summary())
+            code = ranks.exit_code
+            if golden is not None and ranks.shown is not None:
+                shown = f"rank {ranks.show_rank}"
+                code = max(
+                    code, EXIT_OK if _compare(golden, ranks.shown, str(check), shown) else EXIT_DIFFERENT
+                )
+            raise typer.Exit(code)
         from .capture.run import run as run_target
         from .target import load_factory
 
@@ -237,11 +263,11 @@ def _inventory_text(trace: Trace, rows: list) -> Any:
             text.append(f"    {n}. {hook.name}")
             flags = _flags(hook)
             if flags:
-                text.append(f" {flags}", style="yellow")
-            text.append(f"  defined {hook.defined_at or '?'}\n", style="dim")
-            text.append(f"       registered at {hook.registered_at or 'before capture'}", style="dim")
+                text.append(f"  {flags}", style="yellow")
+            text.append(f"\n         defined    {hook.defined_at or '?'}\n", style="dim")
+            text.append(f"         registered {hook.registered_at or 'before capture'}", style="dim")
             if hook.registered_by and hook.registered_by != hook.registered_at:
-                text.append(f" by {hook.registered_by}", style="dim")
+                text.append(f"  by {hook.registered_by}", style="dim")
             text.append("\n")
     n_global = sum(1 for h in trace.hooks if h.scope == "global")
     if n_global:
@@ -288,18 +314,28 @@ def diff(
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Console-script entry point: click's own usage errors become one `error:` line too."""
-    import click
+    try:  # typer >= 0.24 vendors click
+        from typer._click import exceptions as click_exceptions
+    except ImportError:
+        from click import exceptions as click_exceptions
 
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="hooktrace", standalone_mode=False)
-    except click.exceptions.UsageError as exc:
+    except click_exceptions.NoArgsIsHelpError as exc:  # bare `hooktrace`: the help, as --help gives it
+        print(exc.format_message())
+        return EXIT_OK
+    except click_exceptions.UsageError as exc:
         hint = f"; see {exc.ctx.command_path} --help" if exc.ctx is not None else "; see hooktrace --help"
-        _stderr(f"error: {exc.format_message()}{hint}")
+        message = " ".join(exc.format_message().split())
+        _stderr(f"error: {message}{hint}")
         return EXIT_USAGE
-    except click.exceptions.Abort:
+    except click_exceptions.Abort:
         _stderr("error: aborted")
         return EXIT_DIFFERENT
+    except BrokenPipeError:  # `hooktrace run ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except KeyboardInterrupt:
         _stderr("error: interrupted")
         return 130

@@ -44,6 +44,6 @@ def make() -> tuple[nn.Module, torch.Tensor]:
     model = Net().eval()
     model.conv.register_forward_hook(inspect_output)
     model.fc.register_forward_hook(inspect_output)
-    model.qconfig = get_default_qconfig("x86")
+    model.qconfig = get_default_qconfig("qnnpack")  # x86/fbgemm warn about reduce_range
     prepare(model, inplace=True)
     return model, torch.randn(2, 3, 8, 8)

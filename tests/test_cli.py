@@ -1,0 +1,452 @@
+"""The command line (SPEC §2): through typer's CliRunner and through the installed `hooktrace` script."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch.nn.modules.module as torch_module
+from typer.testing import CliRunner
+
+import hooktrace
+from hooktrace.cli import app, main
+from hooktrace.trace import Event, Hook, Meta, Module, Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+SCRIPT = shutil.which("hooktrace")
+
+
+@contextlib.contextmanager
+def global_hooks_restored() -> Iterator[None]:
+    """Samples register global module hooks, which outlive the run in this process: undo them."""
+    saved = {
+        name: dict(value)
+        for name, value in vars(torch_module).items()
+        if name.startswith("_global_") and isinstance(value, dict)
+    }
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            current = getattr(torch_module, name)
+            current.clear()
+            current.update(value)
+
+
+@pytest.fixture(autouse=True)
+def restore_global_hooks() -> Iterator[None]:
+    with global_hooks_restored():
+        yield
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    """One CLI run in this process, as if it were its own process (global hooks undone after)."""
+    with global_hooks_restored():
+        result = CliRunner().invoke(app, list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def script(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    assert SCRIPT, "the hooktrace console script is not installed (pip install -e .)"
+    return subprocess.run(
+        [SCRIPT, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+RUN_OPTS: dict = {"capture_output": True, "text": True, "timeout": 600, "stdin": subprocess.DEVNULL}
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def small_trace() -> Trace:
+    """A hand-built trace, so render/diff tests need no torch."""
+    hooks = [Hook(id=1, kind="forward_pre", scope="module", module="", name="a", prepend=True)]
+    events = [
+        Event(0, 0, "enter", "forward", "", None, None, 1, 0, 10, False, None),
+        Event(1, 0, "hook", "forward", "", 1, "forward_pre", 1, 1, 2, False, None),
+        Event(2, 0, "exit", "forward", "", None, None, 1, 9, 0, False, None),
+    ]
+    return Trace(Meta(torch="x", python="3", target="t.py:make"), [Module("", "Net")], hooks, events)
+
+
+RAISING_HOOK = """
+    import torch
+    from torch import nn
+
+    CALLS = []
+
+    def fine(module, args):
+        CALLS.append("fine")
+
+    def broken(module, args, output):
+        raise ValueError("broken hook")
+
+    def make():
+        model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        model[0].register_forward_pre_hook(fine)
+        model[0].register_forward_hook(broken)
+        return model, torch.randn(2, 4)
+"""
+
+
+# -- run ------------------------------------------------------------------------------------------
+
+
+def test_run_json_to_stdout_matches_what_the_hooks_recorded() -> None:
+    code, out, _ = invoke("run", str(SAMPLES / "quickstart.py"), "--format", "json")
+    assert code == 0
+    trace = Trace.from_dict(json.loads(out))
+    names = [trace.hook(e.hook).name for e in trace.hook_events()]
+    calls = sys.modules["quickstart"].CALLS
+    assert [n.split(":")[0] for n in calls] == names
+    assert names[:3] == ["global_pre", "first_pre", "log_pre"]
+    assert trace.meta.target == f"{SAMPLES / 'quickstart.py'}:make"
+    first_pre = next(h for h in trace.hooks if h.name == "first_pre")
+    assert first_pre.prepend and first_pre.prepend_source == "registration"
+    assert first_pre.registered_at and first_pre.registered_at.endswith("quickstart.py:62")
+
+
+def test_run_default_is_the_tree(tmp_path: Path) -> None:
+    code, out, _ = invoke("run", str(SAMPLES / "quickstart.py"))
+    assert code == 0
+    assert "global_pre [global]" in out and "first_pre [prepend]" in out
+    assert "global-first" in out
+
+
+def test_run_writes_the_format_of_the_extension(tmp_path: Path) -> None:
+    code, _, err = invoke("run", str(SAMPLES / "quickstart.py"), "-o", str(tmp_path / "run.json"))
+    assert code == 0 and "wrote" in err
+    assert hooktrace.load(tmp_path / "run.json").meta.steps == 1
+    code, _, _ = invoke("run", str(SAMPLES / "quickstart.py"), "-o", str(tmp_path / "run.dot"))
+    assert code == 0 and (tmp_path / "run.dot").read_text().lstrip().startswith("digraph")
+    code, _, _ = invoke("run", str(SAMPLES / "quickstart.py"), "-f", "tree", "-o", str(tmp_path / "t.txt"))
+    assert code == 0 and "first_pre [prepend]" in (tmp_path / "t.txt").read_text()
+
+
+def test_steps_are_honoured(tmp_path: Path) -> None:
+    out = tmp_path / "steps.json"
+    assert invoke("run", str(SAMPLES / "quickstart.py"), "--steps", "3", "-o", str(out))[0] == 0
+    trace = hooktrace.load(out)
+    assert trace.meta.steps == 3
+    assert sorted({e.step for e in trace.events}) == [0, 1, 2]
+    per_step = [[(e.hook, e.module) for e in trace.hook_events() if e.step == s] for s in range(3)]
+    assert per_step[0] == per_step[1] == per_step[2]
+    assert len(sys.modules["quickstart"].CALLS) == 3 * len(per_step[0])
+
+
+def test_no_backward(tmp_path: Path) -> None:
+    out = tmp_path / "fwd.json"
+    code, _, err = invoke("run", str(SAMPLES / "quickstart.py"), "--no-backward", "-o", str(out))
+    assert code == 0 and "--no-backward" in err
+    assert {e.phase for e in hooktrace.load(out).events} == {"forward"}
+
+
+def test_backward_skipped_when_nothing_requires_grad(tmp_path: Path) -> None:
+    target = write(
+        tmp_path / "frozen.py",
+        """
+        import torch
+        from torch import nn
+
+        def make():
+            model = nn.Linear(3, 3).requires_grad_(False)
+            model.register_full_backward_hook(lambda m, gi, go: None)
+            return model, torch.randn(2, 3)
+        """,
+    )
+    code, _, err = invoke("run", str(target), "-o", str(tmp_path / "f.json"))
+    assert code == 0
+    assert "backward skipped: nothing in the output requires grad" in err
+
+
+def test_input_shapes_and_dtype(tmp_path: Path) -> None:
+    target = write(
+        tmp_path / "bare.py",
+        """
+        from torch import nn
+
+        SEEN = []
+
+        def make():
+            model = nn.Bilinear(3, 5, 2).double()
+            model.register_forward_pre_hook(lambda m, args: SEEN.append([(a.shape, a.dtype) for a in args]))
+            return model
+        """,
+    )
+    code, _, err = invoke("run", str(target), "--input", "4x3", "--input", "4x5", "-f", "json")
+    assert code == 0, err
+    import torch
+
+    assert sys.modules["bare"].SEEN == [
+        [(torch.Size([4, 3]), torch.float64), (torch.Size([4, 5]), torch.float64)]
+    ]
+
+
+def test_package_module_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ht_cli_pkg").mkdir()
+    write(tmp_path / "ht_cli_pkg" / "__init__.py", "")
+    write(
+        tmp_path / "ht_cli_pkg" / "nets.py",
+        """
+        import torch
+        from torch import nn
+
+        def tiny():
+            model = nn.Linear(2, 2)
+            model.register_forward_hook(lambda m, a, o: None)
+            return model, torch.randn(1, 2)
+        """,
+    )
+    proc = script("run", "ht_cli_pkg.nets:tiny", "-f", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["meta"]["target"] == "ht_cli_pkg.nets:tiny"
+
+
+def test_raising_hook_exits_1_with_partial_trace_written(tmp_path: Path) -> None:
+    target = write(tmp_path / "raising.py", RAISING_HOOK)
+    out = tmp_path / "partial.json"
+    proc = script("run", str(target), "-o", str(out))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "forward hook broken raised ValueError: broken hook" in proc.stderr
+    assert "module '0'" in proc.stderr
+    trace = hooktrace.load(out)
+    failed = [e for e in trace.hook_events() if e.error]
+    assert [trace.hook(e.hook).name for e in failed] == ["broken"]
+    assert failed[0].error == "ValueError: broken hook"
+    assert [trace.hook(e.hook).name for e in trace.hook_events()] == ["fine", "broken"]
+
+
+def test_raising_hook_tree_still_rendered() -> None:
+    code, out, err = invoke("run", str(SAMPLES / "always_call.py"))
+    assert code == 1
+    assert "release_resources [always]" in out
+    assert "run failed: module 'flaky' raised RuntimeError: flaky layer failed on purpose" in err
+    assert sys.modules["always_call"].CALLS == ["before", "release_resources"]
+
+
+def test_traceback_flag_shows_the_traceback(tmp_path: Path) -> None:
+    target = write(tmp_path / "bad.py", "def make():\n    raise KeyError('boom')\n")
+    proc = script("run", str(target), "--traceback")
+    assert proc.returncode == 2
+    assert "Traceback" in proc.stderr and "raise KeyError('boom')" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: the factory make() raised KeyError")
+
+
+# -- exit 2: one `error:` line, no traceback -------------------------------------------------------
+
+NOT_A_TRACE = '{"format": "something else"}'
+
+
+def _error_cases(tmp: Path) -> list[tuple[list[str], str]]:
+    write(tmp / "raises.py", "def make():\n    raise RuntimeError('factory broke')\n")
+    write(tmp / "wrong.py", "def make():\n    return 42\n")
+    write(tmp / "noinputs.py", "from torch import nn\n\ndef make():\n    return nn.Linear(2, 2)\n")
+    write(
+        tmp / "ok.py",
+        "import torch\nfrom torch import nn\n\ndef make():\n    return nn.Linear(2, 2), torch.ones(2)\n",
+    )
+    (tmp / "garbage.json").write_text("{not json")
+    (tmp / "other.json").write_text(NOT_A_TRACE)
+    small_trace().save(tmp / "good.json")
+    cases = [
+        (["run", str(tmp / "missing.py")], "file not found"),
+        (["run", f"{tmp / 'ok.py'}:nope"], "no attribute 'nope'"),
+        (["run", str(tmp / "raises.py")], "the factory make() raised RuntimeError: factory broke"),
+        (["run", str(tmp / "wrong.py")], "returned a builtins.int; return an nn.Module"),
+        (["run", str(tmp / "noinputs.py")], "no inputs: return (model, inputs)"),
+        (["run", str(tmp / "noinputs.py"), "--input", "2xq"], "bad --input '2xq'"),
+        (["run", str(tmp / "ok.py"), "--dtype", "float7"], "unknown --dtype"),
+        (["run", "no_such_module_ht.x:make"], "no module named 'no_such_module_ht'"),
+        (["run", str(tmp / "ok.py"), "-o", str(tmp / "out.unknown")], "cannot tell the format"),
+        (["run", str(tmp / "ok.py"), "--format", "png"], "unknown --format 'png'"),
+        (["run", str(tmp / "ok.py"), "--phase", "sideways"], "unknown --phase"),
+        (["run", str(tmp / "ok.py"), "--check", str(tmp / "garbage.json")], "is not valid JSON"),
+        (["run", str(tmp / "ok.py"), "-o", str(tmp / "no" / "dir" / "x.json")], "cannot write"),
+        (["run", str(tmp / "ok.py"), "--steps", "0"], "--steps"),
+        (["run", str(tmp / "ok.py"), "--bogus"], "No such option"),
+        (["render", str(tmp / "garbage.json")], "is not valid JSON"),
+        (["render", str(tmp / "other.json")], "not a hooktrace trace"),
+        (["render", str(tmp / "absent.json")], "trace file not found"),
+        (["diff", str(tmp / "good.json"), str(tmp / "other.json")], "not a hooktrace trace"),
+        (["hooks", str(tmp / "wrong.py")], "returned a builtins.int"),
+    ]
+    import torch
+
+    if not torch.cuda.is_available():
+        cases.append((["run", str(tmp / "ok.py"), "--device", "cuda"], "CUDA is not available"))
+    return cases
+
+
+def test_every_usage_error_is_one_line_without_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through `main()`, the console script's entry point, in this process (torch loads once)."""
+    for args, words in _error_cases(tmp_path):
+        code = main(args)
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert code == 2, (args, err)
+        assert "Traceback" not in err, args
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, err)
+        assert words in lines[0], (args, lines[0])
+        assert out == "", args
+
+
+CLICK_PARSE_ERRORS = ("--bogus", "--steps")
+
+
+def test_usage_errors_through_cli_runner(tmp_path: Path) -> None:
+    for args, words in _error_cases(tmp_path):
+        if any(a in args for a in CLICK_PARSE_ERRORS):
+            continue  # click's own parser errors become one line in main(), tested above
+        code, out, err = invoke(*args)
+        assert code == 2, (args, err)
+        assert err.startswith("error: ") and words in err, (args, err)
+        assert "Traceback" not in err
+
+
+def test_usage_errors_through_the_installed_script(tmp_path: Path) -> None:
+    wanted = ("missing.py", "raises.py", "2xq", "--bogus", "garbage.json", "--device")
+    cases = [
+        (args, words) for args, words in _error_cases(tmp_path) if any(w in " ".join(args) for w in wanted)
+    ]
+    assert len(cases) >= len(wanted) - 1  # --device only without CUDA
+    with ThreadPoolExecutor(max_workers=4) as pool:  # one process per case; importing torch dominates
+        procs = list(pool.map(lambda case: script(*case[0]), cases))
+    for (args, words), proc in zip(cases, procs):
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr, args
+        assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], (args, proc.stderr)
+        assert proc.stdout == "", args
+
+
+def test_svg_without_dot_says_how_to_install(tmp_path: Path) -> None:
+    small_trace().save(tmp_path / "t.json")
+    empty = tmp_path / "empty_path"
+    empty.mkdir()
+    env = dict(os.environ, PATH=str(empty))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hooktrace",
+            "render",
+            str(tmp_path / "t.json"),
+            "-o",
+            str(tmp_path / "t.svg"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Graphviz" in lines[0], proc.stderr
+    assert not (tmp_path / "t.svg").exists()
+
+
+# -- render, diff, --check ------------------------------------------------------------------------
+
+
+def test_render_gives_the_same_picture_as_the_run(tmp_path: Path) -> None:
+    from hooktrace.capture.run import run
+    from hooktrace.render import render
+    from hooktrace.target import load_factory
+
+    result = run(load_factory(str(SAMPLES / "checkpoint_recompute.py")))
+    result.trace.save(tmp_path / "r.json")
+    assert invoke("render", str(tmp_path / "r.json"), "-f", "tree", "-o", str(tmp_path / "b.txt"))[0] == 0
+    assert (tmp_path / "b.txt").read_text() == render(result.trace, "tree")
+    code, out, _ = invoke("render", str(tmp_path / "r.json"), "--phase", "recompute")
+    phases = [line for line in out.splitlines() if line.startswith(("├── ", "└── "))]
+    assert code == 0 and len(phases) == 1 and phases[0].startswith("└── recompute")
+
+
+def test_diff_and_check(tmp_path: Path) -> None:
+    a, b, c = (tmp_path / n for n in ("a.json", "b.json", "c.json"))
+    assert invoke("run", str(SAMPLES / "quickstart.py"), "-o", str(a))[0] == 0
+    assert invoke("run", str(SAMPLES / "quickstart.py"), "-o", str(b))[0] == 0
+    assert invoke("run", str(SAMPLES / "prepend_displaced.py"), "-o", str(c))[0] == 0
+    assert invoke("diff", str(a), str(b))[0] == 0
+    code, out, _ = invoke("diff", str(a), str(c))
+    assert code == 1 and out.strip()
+    assert invoke("run", str(SAMPLES / "quickstart.py"), "--check", str(a), "-o", str(b))[0] == 0
+    code, out, _ = invoke("run", str(SAMPLES / "prepend_displaced.py"), "--check", str(a), "-o", str(c))
+    assert code == 1 and out.strip()
+    assert c.exists()  # the trace is still written when the check fails
+
+
+# -- hooks ----------------------------------------------------------------------------------------
+
+
+def test_hooks_lists_firing_order_without_running() -> None:
+    code, out, _ = invoke("hooks", str(SAMPLES / "quickstart.py"))
+    assert code == 0
+    assert "nothing was run" in out
+    assert out.index("global_pre  [global]") < out.index("first_pre  [prepend]") < out.index("3. log_pre")
+    assert "registered samples/quickstart.py:62" in out
+    assert sys.modules["quickstart"].CALLS == []
+
+
+def test_hooks_shows_library_hooks_with_their_call_sites() -> None:
+    proc = script("hooks", "samples/quantization.py")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    conv = (
+        out[out.index("\nconv ") : out.index("\nrelu ")] if "\nrelu " in out else out[out.index("\nconv ") :]
+    )
+    assert conv.index("_observer_forward_hook  [prepend]") < conv.index("inspect_output")
+    assert "registered torch/ao/quantization/quantize.py:" in conv
+
+
+# -- start-up cost and entry points ---------------------------------------------------------------
+
+
+def test_help_render_and_diff_do_not_import_torch(tmp_path: Path) -> None:
+    small_trace().save(tmp_path / "t.json")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from hooktrace.cli import main
+        codes = [
+            main(["--help"]),
+            main(["render", {str(tmp_path / "t.json")!r}, "-f", "json", "-o", {str(tmp_path / "o.json")!r}]),
+            main(["render", {str(tmp_path / "t.json")!r}]),
+            main(["diff", {str(tmp_path / "t.json")!r}, {str(tmp_path / "t.json")!r}]),
+        ]
+        print("CODES", codes, "TORCH", "torch" in sys.modules)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "CODES [0, 0, 0, 0] TORCH False" in proc.stdout
+
+
+def test_python_dash_m_and_the_script_agree() -> None:
+    proc = subprocess.run([sys.executable, "-m", "hooktrace", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "run" in proc.stdout and "hooks" in proc.stdout
+    assert script("--help").stdout == proc.stdout.replace("python -m hooktrace", "hooktrace")
