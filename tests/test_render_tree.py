@@ -540,9 +540,9 @@ def test_surprises_that_differ_only_in_layer_numbers_are_grouped() -> None:
 
 def test_summary_has_total_time_only_with_times() -> None:
     trace = two_layer().trace()
-    assert plain(trace, times=True).strip().endswith("17.5 µs total")
+    assert plain(trace, times=True).strip().endswith("17.5µs total")
     assert "total" not in plain(trace)
-    assert "4.0 µs" in lines_with(plain(trace, times=True), "fc1 Linear")[0]
+    assert "4.0µs" in lines_with(plain(trace, times=True), "fc1 Linear")[0]
 
 
 def test_empty_trace_is_one_clear_line() -> None:

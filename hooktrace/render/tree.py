@@ -75,12 +75,12 @@ def _rel(child: Optional[str], parent: Optional[str]) -> Optional[str]:
 
 def _fmt_ns(ns: int) -> str:
     if ns < 1_000:
-        return f"{ns} ns"
+        return f"{ns}ns"
     if ns < 1_000_000:
-        return f"{ns / 1_000:.1f} µs"
+        return f"{ns / 1_000:.1f}µs"
     if ns < 1_000_000_000:
-        return f"{ns / 1_000_000:.2f} ms"
-    return f"{ns / 1_000_000_000:.2f} s"
+        return f"{ns / 1_000_000:.2f}ms"
+    return f"{ns / 1_000_000_000:.2f}s"
 
 
 class _Node:
@@ -313,10 +313,10 @@ class _Context:
         for badge in _badges(h, e):
             line.append(" ")
             line.append(f"[{badge}]", style=BADGE_STYLES.get(badge.split()[0], ""))
-        if h is not None and h.defined_at:
-            line.append(f"  {h.defined_at}", style="dim")
         if self.times:
             line.append(f"  {_fmt_ns(e.duration_ns)}", style="dim")
+        if h is not None and h.defined_at:
+            line.append(f"  {h.defined_at}", style="dim")
         if e.error is not None:
             line.append(f"  error: {_short_error(e.error)}", style="red")
         return line
