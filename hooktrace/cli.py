@@ -174,7 +174,10 @@ def run(
                 raise UsageError(ranks.usage_error)
             if ranks.shown is not None:  # -o names the per-rank JSON traces; the terminal shows one rank
                 _output(ranks.shown, format, None, tree_opts)
-            print(ranks.summary())
+            if format in (None, "tree"):
+                print(ranks.summary())
+            else:  # keep stdout one document (`-f json | jq`)
+                _stderr(ranks.summary())
             code = ranks.exit_code
             if golden is not None and ranks.shown is not None:
                 shown = f"rank {ranks.show_rank}"

@@ -400,6 +400,17 @@ def test_diff_and_check(tmp_path: Path) -> None:
     assert c.exists()  # the trace is still written when the check fails
 
 
+def test_nproc_writes_one_trace_per_rank_and_names_the_divergence(tmp_path: Path) -> None:
+    out = tmp_path / "div.json"
+    proc = script("run", "samples/rank_divergence.py", "--nproc", "2", "-o", str(out))
+    assert proc.returncode == 1, proc.stderr
+    assert "ranks diverge" in proc.stdout and "log_activation" in proc.stdout
+    ranks = [hooktrace.load(tmp_path / f"div.rank{r}.json") for r in (0, 1)]
+    assert [(t.meta.rank, t.meta.world_size) for t in ranks] == [(0, 2), (1, 2)]
+    names = [{t.hook(e.hook).name for e in t.hook_events()} for t in ranks]
+    assert names[1] - names[0] == {"log_activation"}
+
+
 # -- hooks ----------------------------------------------------------------------------------------
 
 
