@@ -37,13 +37,23 @@ from .analysis.diff import TraceDiff, diff_traces
 from .target import UsageError, split_spec
 from .trace import Hook, Trace, TraceFormatError, load
 
-DEFAULT_TIMEOUT = 120.0
+DEFAULT_TIMEOUT = 60.0
+# Joining the group waits for every rank to import torch and the target; a loaded machine needs time.
+_RENDEZVOUS_TIMEOUT = 300.0
 # After asking the ranks to stop (SIGTERM), how long they get to write their partial traces.
 _STOP_GRACE = 5.0
 _POLL = 0.1
 # Once every rank has reported, how long the launcher gets to shut down by itself.
 _LAUNCHER_GRACE = 3.0
 _MAX_DIFF_LINES = 8
+# What a collective raises when the peer process died or never came (gloo; NCCL's watchdog says timed out).
+_PEER_ERRORS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Timed out waiting",
+    "timed out",
+)
 _WORKER_MODULE = "hooktrace.ranks"
 
 # Rank states, as reported in RanksResult (the worker writes the first five itself).
@@ -320,6 +330,11 @@ class RankOutcome:
     traceback: Optional[str] = None
     finished_at: Optional[float] = None  # wall-clock time the rank reported its end
 
+    @property
+    def waited_on_peer(self) -> bool:
+        """Failed in a collective because another rank died or did not come (a consequence, not a cause)."""
+        return self.state == FAILED and any(p in (self.error or "") for p in _PEER_ERRORS)
+
     def describe(self) -> str:
         written = f" -> {self.trace_path}" if self.trace is not None else " (no trace written)"
         size = ""
@@ -359,11 +374,14 @@ class RanksResult:
 
     @property
     def first_failure(self) -> Optional[RankOutcome]:
-        """The rank that failed first (the others often fail because of it), by the time it stopped."""
-        failed = [o for o in self.failed if o.state not in (STOPPED, HUNG)] or self.failed
-        if not failed:
+        """The rank that caused the failure: the first to fail on its own, else the one the others waited on."""
+        if not self.failed:
             return None
-        return min(failed, key=lambda o: (o.finished_at is None, o.finished_at or 0.0, o.rank))
+        own = [o for o in self.failed if o.state not in (STOPPED, HUNG) and not o.waited_on_peer]
+        stuck = [o for o in self.failed if o.state in (STOPPED, HUNG)]
+        if not own and stuck and any(o.waited_on_peer for o in self.failed):
+            own = stuck  # the others timed out in a collective this rank never reached
+        return min(own or self.failed, key=lambda o: (o.finished_at is None, o.finished_at or 0.0, o.rank))
 
     @property
     def diverged(self) -> bool:
@@ -394,7 +412,13 @@ class RanksResult:
             lines.append(f"ranks failed: {names}")
             first = self.first_failure
             if first is not None and len(self.failed) > 1:
-                lines.append(f"first to fail: rank {first.rank} ({first.state}): {first.error}")
+                if first.state in (STOPPED, HUNG):
+                    lines.append(
+                        f"rank {first.rank} held the others up: they timed out waiting for it; it was in"
+                    )
+                    lines.append(f"  {first.error}")
+                else:
+                    lines.append(f"first to fail: rank {first.rank} ({first.state}): {first.error}")
         present = [o.rank for o in self.ranks if o.trace is not None]
         if len(present) < 2:
             lines.append("hook orders not compared: fewer than two ranks wrote a trace")
@@ -797,8 +821,8 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     name = signal.Signals(signum).name
     if _WORKER_RUN_DIR and _hung(_WORKER_RUN_DIR["run_dir"], _WORKER_RUN_DIR["rank"]):
-        raise RankTerminated(f"stopped by {name}: still running --timeout seconds after another rank ended")
-    raise RankTerminated(f"stopped by {name}: the launcher stops every rank when one fails")
+        raise RankTerminated(f"stopped by {name} (still running --timeout seconds after another rank ended)")
+    raise RankTerminated(f"stopped by {name} (the launcher stops every rank when one fails)")
 
 
 def _terminated(exc: Optional[BaseException]) -> bool:
@@ -859,8 +883,13 @@ def _work(
 
         torch.cuda.set_device(local_rank)
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
-    # The group's timeout bounds every collective: a rank waiting on a dead or hung peer fails, trace kept.
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=args.timeout))
+    join = max(args.timeout, _RENDEZVOUS_TIMEOUT)
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=join))
+    # Then --timeout bounds every collective: a rank waiting on a dead or hung peer fails, trace kept.
+    with contextlib.suppress(AttributeError, RuntimeError, ValueError):
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(datetime.timedelta(seconds=args.timeout))
     with _factory_may_init(dist):
         factory = load_factory(args.target)
         result = run(

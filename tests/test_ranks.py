@@ -154,6 +154,35 @@ def test_summary_and_exit_code_of_agreeing_ranks() -> None:
     assert result.exit_code == 1 and "ranks failed: rank 1 failed" in result.summary()
 
 
+def test_the_rank_that_caused_a_failure_is_named_not_the_ones_that_waited_for_it() -> None:
+    waited = "forward hook sync raised RuntimeError: [gloo] Timed out waiting 4000ms for recv operation"
+    closed = "grad hook f raised RuntimeError: [gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1"
+    own = "forward_pre hook boom raised RuntimeError: boom on rank 1"
+    stopped = "forward_pre hook stall raised RankTerminated: stopped by SIGTERM"
+
+    def result(*outcomes: RankOutcome) -> RanksResult:
+        return RanksResult(nproc=len(outcomes), show_rank=0, ranks=list(outcomes), comparisons=[])
+
+    # rank 1 raised first; rank 0 then lost its peer mid-collective (it reported later, but so what)
+    r = result(
+        RankOutcome(0, FAILED, error=closed, finished_at=1.0), RankOutcome(1, FAILED, own, finished_at=2.0)
+    )
+    assert r.first_failure is r.ranks[1]
+    assert "first to fail: rank 1 (failed): forward_pre hook boom" in r.summary()
+    # rank 0 timed out in a collective that rank 1, stuck in a hook, never reached
+    r = result(
+        RankOutcome(0, FAILED, error=waited, finished_at=1.0),
+        RankOutcome(1, STOPPED, stopped, finished_at=2.0),
+    )
+    assert r.first_failure is r.ranks[1]
+    assert "rank 1 held the others up: they timed out waiting for it" in r.summary()
+    # two ranks failing on their own: the earlier one
+    r = result(
+        RankOutcome(0, FAILED, error=own, finished_at=3.0), RankOutcome(1, FAILED, own, finished_at=2.0)
+    )
+    assert r.first_failure is r.ranks[1]
+
+
 def test_bad_arguments_are_usage_errors_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--rank 2"):
         run_ranks("x.py", 2, out=None, worker_args=[], timeout=10, show_rank=2)
