@@ -405,6 +405,13 @@ class RanksResult:
         """The per-rank agreement summary printed under the tree of `show_rank`."""
         lines = [f"{self.nproc} ranks (showing rank {self.show_rank}):"]
         lines += ["  " + o.describe().replace("\n", "\n  ") for o in self.ranks]
+        notes: dict[str, list[int]] = {}
+        for o in self.ranks:
+            for note in o.notes:
+                notes.setdefault(note, []).append(o.rank)
+        for note, on in notes.items():
+            where = "every rank" if len(on) == len(self.ranks) else ", ".join(f"rank {r}" for r in on)
+            lines.append(f"note ({where}): {note}")
         if self.timed_out:
             lines.append(f"stopped every rank: one still ran {self.timeout:g}s after another had stopped")
         if self.failed:
@@ -420,7 +427,9 @@ class RanksResult:
                 else:
                     lines.append(f"first to fail: rank {first.rank} ({first.state}): {first.error}")
         present = [o.rank for o in self.ranks if o.trace is not None]
-        if len(present) < 2:
+        if self.nproc == 1:
+            lines.append("one rank: no other hook order to compare with")
+        elif len(present) < 2:
             lines.append("hook orders not compared: fewer than two ranks wrote a trace")
         elif not self.diverged:
             events = self.comparisons[0].events[0] if self.comparisons else 0

@@ -150,6 +150,12 @@ def test_summary_and_exit_code_of_agreeing_ranks() -> None:
     result = RanksResult(nproc=2, show_rank=1, ranks=outcomes, comparisons=compare_ranks(traces))
     assert result.exit_code == 0 and result.shown is traces[1]
     assert "ranks agree: same hook order on ranks 0, 1 (1 hook events each)" in result.summary()
+    for o in outcomes:
+        o.notes = ["backward skipped (--no-backward)"]
+    outcomes[1].notes.append("only here")
+    summary = result.summary()
+    assert "note (every rank): backward skipped (--no-backward)" in summary
+    assert "note (rank 1): only here" in summary
     outcomes[1].state, outcomes[1].error = FAILED, "boom"
     assert result.exit_code == 1 and "ranks failed: rank 1 failed" in result.summary()
 
