@@ -280,7 +280,7 @@ def test_inferred_prepend_still_says_prepend() -> None:
     assert "prepend" in line and "inferred" in line
 
 
-def test_errors_on_hooks_and_exit_events() -> None:
+def test_errors_on_hooks_and_exit_events(golden: Any) -> None:
     b = TraceBuilder((("", "Net"), ("fc", "Linear")))
     bad = b.hook("forward", "fc", "explodes")
     cleanup = b.hook("forward", "fc", "cleanup", always_call=True)
@@ -291,6 +291,7 @@ def test_errors_on_hooks_and_exit_events() -> None:
     b.exit("fc", error="RuntimeError: boom")
     b.exit("", error="RuntimeError: boom")
     text = plain(b.trace())
+    golden("tree/errors.txt", text)
     (line,) = lines_with(text, "explodes")
     assert "[error]" in line and "error: RuntimeError: boom" in line
     (call,) = lines_with(text, "fc Linear")
@@ -442,8 +443,9 @@ def test_different_hook_flags_break_the_collapse() -> None:
 # -- filters -------------------------------------------------------------------------------------
 
 
-def test_depth_limits_nesting() -> None:
+def test_depth_limits_nesting(golden: Any) -> None:
     text = plain(encoder(2).trace(), depth=2)
+    golden("tree/depth2.txt", text)
     assert "layers.0 TransformerEncoderLayer" in text
     assert "layers.0.linear1" not in text
     assert "… 9 calls deeper than depth 2 (27 hook events)" in text
