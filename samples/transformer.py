@@ -10,7 +10,7 @@ What to look for:
 - Inside each layer: `self_attn` (MultiheadAttention; its `out_proj` is not called as a module,
   MultiheadAttention uses its weights directly, so its hooks never fire: surprise `never-fired`),
   then `dropout1`, `norm1`, `linear1`, `dropout`, `linear2`, `dropout2`, `norm2`.
-- Backward: the model has no backward hooks, so the backward phase is empty; add
+- Backward: the model has no backward hooks, so the tree has no backward phase; add
   `register_full_backward_hook` calls to see them in reverse order.
 """
 
