@@ -41,7 +41,7 @@ DEFAULT_TIMEOUT = 60.0
 # Joining the group waits for every rank to import torch and the target; a loaded machine needs time.
 _RENDEZVOUS_TIMEOUT = 300.0
 # After asking the ranks to stop (SIGTERM), how long they get to write their partial traces.
-_STOP_GRACE = 5.0
+_STOP_GRACE = 10.0
 _POLL = 0.1
 # Once every rank has reported, how long the launcher gets to shut down by itself.
 _LAUNCHER_GRACE = 3.0
@@ -795,9 +795,9 @@ def _rank_device(device: Optional[str], local_rank: int) -> tuple[Optional[str],
     name = (device or "").strip().lower()
     if name in ("cuda", "auto") and cuda:
         return f"cuda:{local_rank}", True
-    if name.startswith("cuda"):
-        return device, True
-    return device, cuda and name != "cpu"
+    if not cuda or name == "cpu":
+        return device, False  # `--device cuda` without CUDA: the run reports it as a usage error
+    return device, True
 
 
 @contextlib.contextmanager
