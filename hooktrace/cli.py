@@ -34,12 +34,24 @@ app = typer.Typer(
 
 # -- shared options -------------------------------------------------------------------------------
 FORMAT_OPT = typer.Option(
-    None, "--format", "-f", help="tree|json|dot|svg|chrome; default: from the -o extension, else tree."
+    None,
+    "--format",
+    "-f",
+    metavar="FORMAT",
+    help="tree|json|dot|svg|chrome; default: from the -o extension, else tree.",
 )
-OUTPUT_OPT = typer.Option(None, "--output", "-o", help="Write to this file instead of the terminal.")
-DEPTH_OPT = typer.Option(None, "--depth", min=0, help="Tree: show module calls nested at most this deep.")
-MODULE_OPT = typer.Option(None, "--module", help="Tree: only this module path and what runs inside it.")
-PHASE_OPT = typer.Option(None, "--phase", help="Tree: only forward|backward|recompute|other.")
+OUTPUT_OPT = typer.Option(
+    None, "--output", "-o", metavar="PATH", help="Write to this file instead of the terminal."
+)
+DEPTH_OPT = typer.Option(
+    None, "--depth", metavar="N", min=0, help="Tree: show module calls nested at most this deep."
+)
+MODULE_OPT = typer.Option(
+    None, "--module", metavar="PATH", help="Tree: only this module path and what runs inside it."
+)
+PHASE_OPT = typer.Option(
+    None, "--phase", metavar="PHASE", help="Tree: only forward|backward|recompute|other."
+)
 EXPAND_OPT = typer.Option(False, "--expand", help="Tree: do not collapse repeated identical siblings.")
 TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
 
@@ -129,20 +141,37 @@ def _compare(expected: Trace, observed: Trace, expected_name: str, observed_name
 
 @app.command()
 def run(
-    target: str = typer.Argument(..., help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."),
-    input: List[str] = typer.Option(
-        [], "--input", "-i", help="Input shape like 8x3x32x32, once per argument."
+    target: str = typer.Argument(
+        ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
     ),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype of --input tensors (default: model's)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu|cuda|auto; default: leave the model."),
+    input: List[str] = typer.Option(
+        [], "--input", "-i", metavar="SHAPE", help="Input shape like 8x3x32x32, once per argument."
+    ),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", metavar="DTYPE", help="dtype of --input tensors (default: model's)."
+    ),
+    device: Optional[str] = typer.Option(
+        None,
+        "--device",
+        metavar="cpu|cuda|auto",
+        help="Move model and inputs there (auto: CUDA if any); default: inputs follow the model.",
+    ),
     no_backward: bool = typer.Option(False, "--no-backward", help="Run forward only."),
-    steps: int = typer.Option(1, "--steps", min=1, help="Forward(+backward) iterations."),
+    steps: int = typer.Option(1, "--steps", metavar="N", min=1, help="Forward(+backward) iterations."),
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
-    check: Optional[Path] = typer.Option(None, "--check", help="Exit 1 unless the order equals this trace."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Ranks to launch (one trace each)."),
-    rank: Optional[int] = typer.Option(None, "--rank", min=0, help="With --nproc: the rank to show."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=0, help="With --nproc: seconds to wait."),
+    check: Optional[Path] = typer.Option(
+        None, "--check", metavar="GOLDEN.json", help="Exit 1 unless the order equals this trace."
+    ),
+    nproc: Optional[int] = typer.Option(
+        None, "--nproc", metavar="N", min=1, help="Ranks to launch (one trace each)."
+    ),
+    rank: Optional[int] = typer.Option(
+        None, "--rank", metavar="R", min=0, help="With --nproc: the rank to show."
+    ),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", metavar="SECONDS", min=0, help="With --nproc: seconds to wait."
+    ),
     depth: Optional[int] = DEPTH_OPT,
     module: Optional[str] = MODULE_OPT,
     phase: Optional[str] = PHASE_OPT,
@@ -215,7 +244,9 @@ def run(
 
 @app.command()
 def hooks(
-    target: str = typer.Argument(..., help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."),
+    target: str = typer.Argument(
+        ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
+    ),
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Registered hooks per module, in the order PyTorch will fire them; nothing runs."""
