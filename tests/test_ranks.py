@@ -8,6 +8,7 @@ once per module and several tests read it.
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 import time
 from pathlib import Path
@@ -376,6 +377,7 @@ def test_a_hanging_rank_is_stopped_after_the_timeout_with_its_partial_trace(tmp_
     fired = [hung.trace.hook(e.hook).name for e in hung.trace.hook_events()]
     assert fired == ["stall"]
     assert result.trace_dir is not None and Path(result.trace_dir, "trace.rank1.json").exists()
+    shutil.rmtree(result.trace_dir)  # without -o the traces go to a folder that is kept for the user
     assert "stopped every rank: one still ran 3s after another had stopped" in result.summary()
 
 
