@@ -254,12 +254,13 @@ def hooks(
         from .capture.run import firing_order, inventory
         from .target import load_factory
 
-        trace = inventory(load_factory(target))
+        found = inventory(load_factory(target))
     except UsageError as exc:
         _fail(exc, traceback)
     from rich.console import Console
 
-    Console(soft_wrap=False, highlight=False).print(_inventory_text(trace, firing_order(trace)))
+    rows = firing_order(found.trace, found.live)
+    Console(soft_wrap=False, highlight=False).print(_inventory_text(found.trace, rows, found.live))
 
 
 def _flags(hook: Any) -> str:
@@ -275,7 +276,7 @@ def _flags(hook: Any) -> str:
     return " ".join(f"[{f}]" for f in flags)
 
 
-def _inventory_text(trace: Trace, rows: list) -> Any:
+def _inventory_text(trace: Trace, rows: list, live: set[int]) -> Any:
     from rich.text import Text
 
     types = {m.path: m.type for m in trace.modules}
@@ -303,7 +304,7 @@ def _inventory_text(trace: Trace, rows: list) -> Any:
             if hook.registered_by and hook.registered_by != hook.registered_at:
                 text.append(f"  by {hook.registered_by}", style="dim")
             text.append("\n")
-    n_global = sum(1 for h in trace.hooks if h.scope == "global")
+    n_global = sum(1 for h in trace.hooks if h.scope == "global" and h.id in live)
     if n_global:
         text.append(
             f"\nglobal hooks ({n_global}) fire first for every module, also those not listed\n", "dim"

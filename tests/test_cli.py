@@ -423,6 +423,31 @@ def test_hooks_lists_firing_order_without_running() -> None:
     assert sys.modules["quickstart"].CALLS == []
 
 
+def test_hooks_leaves_out_hooks_the_factory_removed(tmp_path: Path) -> None:
+    target = write(
+        tmp_path / "removed.py",
+        """
+        from torch import nn
+
+        def kept(module, args):
+            pass
+
+        def dropped(module, args):
+            pass
+
+        def make():
+            model = nn.Linear(2, 2)
+            handle = model.register_forward_pre_hook(dropped)
+            model.register_forward_pre_hook(kept, with_kwargs=True)
+            handle.remove()
+            return model
+        """,
+    )
+    code, out, _ = invoke("hooks", str(target))
+    assert code == 0
+    assert "1. kept  [kwargs]" in out and "dropped" not in out
+
+
 def test_hooks_shows_library_hooks_with_their_call_sites() -> None:
     proc = script("hooks", "samples/quantization.py")
     assert proc.returncode == 0, proc.stderr

@@ -152,7 +152,15 @@ class InventoryRow:
     tensor: Optional[str] = None
 
 
-def inventory(factory: Factory) -> Trace:
+@dataclass
+class Inventory:
+    """The hooks a factory left registered: its trace, and the ids still in PyTorch's dicts."""
+
+    trace: Trace
+    live: set[int]
+
+
+def inventory(factory: Factory) -> Inventory:
     """Call the factory inside a capture, without running the model; the trace holds every hook."""
     import hooktrace
 
@@ -160,18 +168,37 @@ def inventory(factory: Factory) -> Trace:
         target = coerce_result(_call_factory(factory), factory.label)
         t.attach(target.model)
         t.set_meta(target=factory.spec, steps=0)
-    return t.trace
+    return Inventory(t.trace, live_hook_ids(target.model))
 
 
-def firing_order(trace: Trace) -> list[InventoryRow]:
+def live_hook_ids(model: Any) -> set[int]:
+    """Ids of every hook now registered on the model's modules and parameters, and globally."""
+    import torch.nn.modules.module as module_mod
+
+    from .registry import GLOBAL_DICTS, MODULE_DICTS, TENSOR_DICTS
+
+    dicts: list[Any] = [getattr(module_mod, name, None) for name, _ in GLOBAL_DICTS]
+    for m in model.modules():
+        dicts += [getattr(m, name, None) for name, _ in MODULE_DICTS]
+    for p in model.parameters():
+        dicts += [getattr(p, name, None) for name, _ in TENSOR_DICTS]
+    return {hid for d in dicts if d for hid in d}
+
+
+def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[InventoryRow]:
     """Per module (named_modules order), per kind: global hooks first, then the module's dict order.
 
     Global hooks fire for every module; they are listed with the modules that have hooks of their own
     of that kind. Tensor hooks on parameters follow their module's rows, one row per tensor and kind.
+    `live`: ids still registered (hooks the factory registered and removed again are left out).
     """
     from ..trace import KINDS
 
-    live = [h for h in trace.hooks if not h.removed_during_run]
+    live_ids = live
+
+    live = [
+        h for h in trace.hooks if (h.id in live_ids if live_ids is not None else not h.removed_during_run)
+    ]
     globals_by_kind: dict[str, list[Hook]] = {}
     for h in live:
         if h.scope == "global":
