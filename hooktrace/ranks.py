@@ -576,6 +576,8 @@ def _collect(
         if timed_out:
             outcome.state = HUNG
             outcome.error = "did not finish within --timeout and had to be killed"
+            if status is None:
+                outcome.error = f"never started; the launcher said: {launcher_tail or 'nothing'}"
         elif outcome.exitcode is not None and outcome.exitcode < 0:
             outcome.error = f"the rank's process died from {_signal_name(outcome.exitcode)}"
         elif outcome.exitcode is not None:
@@ -704,10 +706,14 @@ def _run(
 
 def _watch(proc: subprocess.Popen, run_dir: str, nproc: int, timeout: float) -> bool:
     """Wait for the launcher; True when a rank outlived the others by `timeout` and all were stopped."""
+    started = time.monotonic()
     first_done: Optional[float] = None
     all_done: Optional[float] = None
     while proc.poll() is None:
         statuses = _statuses(run_dir, nproc)
+        if len(statuses) < nproc and time.monotonic() - started > max(timeout, _RENDEZVOUS_TIMEOUT):
+            _stop(proc, run_dir, nproc)  # some rank never started: the launcher is stuck
+            return True
         done = [s for s in statuses.values() if s.get("state") in _FINISHED]
         if first_done is None and done:
             first_done = time.monotonic()
