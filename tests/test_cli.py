@@ -486,3 +486,80 @@ def test_python_dash_m_and_the_script_agree() -> None:
     proc = subprocess.run([sys.executable, "-m", "hooktrace", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "run" in proc.stdout and "hooks" in proc.stdout
     assert script("--help").stdout == proc.stdout.replace("python -m hooktrace", "hooktrace")
+
+
+# -- naming the failure (hooktrace.capture.run.describe_error) ------------------------------------
+
+
+def _ev(seq: int, type_: str, module: str | None, hook: int | None = None, kind: str | None = None,
+        error: str | None = None, phase: str = "forward") -> Event:  # fmt: skip
+    return Event(seq, 0, type_, phase, module, hook, kind, 1, seq, 1, False, error)
+
+
+def test_describe_error_names_the_hook_then_the_innermost_module() -> None:
+    from hooktrace.capture.run import describe_error
+
+    hooks = [
+        Hook(id=7, kind="forward", scope="global", name="audit"),
+        Hook(id=8, kind="backward", scope="module", module="enc.fc", name="Clip.hook"),
+    ]
+    stop = "_StopRecomputationError: "
+    trace = Trace(
+        hooks=hooks,
+        events=[
+            _ev(0, "enter", ""),
+            _ev(1, "exit", "enc.ckpt", error=stop, phase="recompute"),  # PyTorch's own, ignored
+            _ev(2, "hook", "enc", 7, "forward", error="KeyError: 'caught by the model'"),
+            _ev(3, "hook", "enc.fc", 8, "backward", error="ValueError: bad grad", phase="backward"),
+            _ev(4, "exit", "", error="ValueError: bad grad"),
+        ],
+    )
+    message = describe_error(trace, ValueError("bad grad"))
+    assert (
+        message
+        == "backward hook Clip.hook raised ValueError: bad grad in backward of module 'enc.fc' (event #3, step 0)"
+    )
+    assert describe_error(trace, KeyError("caught by the model")).startswith(
+        "global forward hook audit raised KeyError: 'caught by the model' in forward of module 'enc'"
+    )
+    modules_only = Trace(
+        events=[
+            _ev(0, "exit", "enc.fc", error="RuntimeError: x"),
+            _ev(1, "exit", "", error="RuntimeError: x"),
+        ]
+    )
+    assert describe_error(modules_only, RuntimeError("x")).startswith(
+        "module 'enc.fc' raised RuntimeError: x"
+    )
+    root_only = Trace(events=[_ev(0, "exit", "", error="RuntimeError: x")])
+    assert describe_error(root_only, RuntimeError("x")).startswith("the root module raised RuntimeError: x")
+    assert describe_error(Trace(), RuntimeError("loss")) == (
+        "the run raised RuntimeError: loss outside any traced module or hook"
+    )
+
+
+def test_raising_backward_hook_exits_1_and_names_it(tmp_path: Path) -> None:
+    target = write(
+        tmp_path / "bad_backward.py",
+        """
+        import torch
+        from torch import nn
+
+        def refuse(module, grad_input, grad_output):
+            raise RuntimeError("no gradients today")
+
+        def make():
+            model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+            model[1].register_full_backward_hook(refuse)
+            return model, torch.randn(2, 3)
+        """,
+    )
+    out = tmp_path / "bw.json"
+    code, _, err = invoke("run", str(target), "-o", str(out))
+    assert code == 1
+    assert (
+        "run failed: backward hook refuse raised RuntimeError: no gradients today in backward of module '1'"
+        in err
+    )
+    trace = hooktrace.load(out)
+    assert [e.error for e in trace.hook_events()] == ["RuntimeError: no gradients today"]
