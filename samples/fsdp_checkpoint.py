@@ -42,9 +42,15 @@ def init_one_rank_group() -> None:
     """A one-rank gloo process group on this machine, unless one is already initialised."""
     if dist.is_initialized():
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    for attempt in range(3):  # the free port may be taken between the probe and the bind
+        os.environ["MASTER_PORT"] = str(_free_port())  # not an inherited one: it may be in use
+        try:
+            dist.init_process_group("gloo", rank=0, world_size=1)
+            return
+        except dist.DistNetworkError:
+            if attempt == 2:
+                raise
 
 
 class Block(nn.Module):
