@@ -229,7 +229,7 @@ SAMPLES: dict[str, Callable[[], Trace]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tiny_real_traces() -> dict[str, Trace]:
     """Real traces of tiny models: prepend and global hooks, a checkpointed block, two steps."""
     torch = pytest.importorskip("torch")
