@@ -362,7 +362,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_OK
     except click_exceptions.UsageError as exc:
         hint = f"; see {exc.ctx.command_path} --help" if exc.ctx is not None else "; see hooktrace --help"
-        message = " ".join(exc.format_message().split())
+        message = " ".join(exc.format_message().split()).rstrip(".")
         _stderr(f"error: {message}{hint}")
         return EXIT_USAGE
     except click_exceptions.Abort:

@@ -69,7 +69,35 @@ def run(
     if not backward:
         notes.append("backward skipped (--no-backward)")
     error = describe_error(trace, exception) if exception is not None else None
+    if exception is not None and input_shapes and _rejects_inputs(trace, exception):
+        shapes = " ".join([f"--input {s}" for s in input_shapes] + ([f"--dtype {dtype}"] if dtype else []))
+        raise UsageError(
+            f"the model rejected {shapes}: {error}; give shapes (and --dtype) it accepts"
+        ) from exception
     return RunResult(trace=trace, error=error, exception=exception, notes=notes)
+
+
+_INPUT_WORDS = (
+    "shape",
+    "size",
+    "dimension",
+    "dtype",
+    "mat1",
+    "must match",
+    "expected input",
+    "expected scalar",
+)
+
+
+def _rejects_inputs(trace: Trace, exception: BaseException) -> bool:
+    """The generated inputs did not fit: a shape/dtype error from a module (not a hook) in step 0's forward."""
+    event = failing_event(trace, exception)
+    if event is None or event.type != "exit" or event.step != 0 or event.phase != "forward":
+        return False
+    text = str(exception).lower()
+    return isinstance(exception, (RuntimeError, ValueError, TypeError, IndexError)) and any(
+        word in text for word in _INPUT_WORDS
+    )
 
 
 def _step(prepared: Prepared, backward: bool, notes: list[str]) -> None:
