@@ -8,7 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from ..target import Factory, Prepared, UsageError, coerce_result, compute_loss, prepare
+from ..target import (
+    Factory,
+    Prepared,
+    UsageError,
+    coerce_result,
+    compute_loss,
+    parse_shape,
+    prepare,
+    resolve_device,
+    torch_dtype,
+)
 from ..trace import Event, Hook, Trace
 
 # PyTorch raises this inside non-reentrant checkpoint to stop a recompute early, and catches it.
@@ -51,6 +61,12 @@ def run(
 
     if steps < 1:
         raise UsageError(f"--steps {steps}: give at least 1")
+    # bad options fail before the factory runs (it may be slow: process groups, big models)
+    resolve_device(device)
+    for shape in input_shapes:
+        parse_shape(shape)
+    if dtype is not None:
+        torch_dtype(dtype)
     notes: list[str] = []
     exception: Optional[BaseException] = None
     with hooktrace.trace(target=factory.spec) as t:
