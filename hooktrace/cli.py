@@ -247,11 +247,12 @@ def hooks(
     target: str = typer.Argument(
         ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
     ),
+    expand: bool = typer.Option(False, "--expand", help="List every module; do not fold repeats."),
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Registered hooks per module, in the order PyTorch will fire them; nothing runs."""
     try:
-        from .capture.run import firing_order, inventory
+        from .capture.run import firing_order, group_modules, inventory
         from .target import load_factory
 
         found = inventory(load_factory(target))
@@ -259,8 +260,8 @@ def hooks(
         _fail(exc, traceback)
     from rich.console import Console
 
-    rows = firing_order(found.trace, found.live)
-    Console(soft_wrap=False, highlight=False).print(_inventory_text(found.trace, rows, found.live))
+    groups = group_modules(firing_order(found.trace, found.live), collapse=not expand)
+    Console(soft_wrap=False, highlight=False).print(_inventory_text(found.trace, groups, found.live))
 
 
 def _flags(hook: Any) -> str:
@@ -276,34 +277,37 @@ def _flags(hook: Any) -> str:
     return " ".join(f"[{f}]" for f in flags)
 
 
-def _inventory_text(trace: Trace, rows: list, live: set[int]) -> Any:
+def _inventory_text(trace: Trace, groups: list, live: set[int]) -> Any:
     from rich.text import Text
 
     types = {m.path: m.type for m in trace.modules}
     text = Text()
     text.append(f"Hooks of {trace.meta.target}, in the order PyTorch will fire them (nothing was run)\n")
-    if not rows:
+    if not groups:
         text.append("\nno hooks registered\n")
         return text
-    current = None
-    for row in rows:
-        if row.module != current:
-            current = row.module
-            label = "(root)" if row.module == "" else row.module
-            text.append(f"\n{label}", style="bold")
-            text.append(f"  {types.get(row.module, '')}\n", style="dim")
-        where = f" on {row.tensor}" if row.tensor else ""
-        text.append(f"  {row.kind}{where}\n", style="cyan")
-        for n, hook in enumerate(row.hooks, 1):
-            text.append(f"    {n}. {hook.name}")
-            flags = _flags(hook)
-            if flags:
-                text.append(f"  {flags}", style="yellow")
-            text.append(f"\n         defined    {hook.defined_at or '?'}\n", style="dim")
-            text.append(f"         registered {hook.registered_at or 'before capture'}", style="dim")
-            if hook.registered_by and hook.registered_by != hook.registered_at:
-                text.append(f"  by {hook.registered_by}", style="dim")
-            text.append("\n")
+    for group in groups:
+        label = "(root)" if group.module == "" else group.module
+        text.append(f"\n{label}", style="bold")
+        text.append(f"  {types.get(group.module, '')}\n", style="dim")
+        for row in group.rows:
+            where = f" on {row.tensor}" if row.tensor else ""
+            text.append(f"  {row.kind}{where}\n", style="cyan")
+            for n, hook in enumerate(row.hooks, 1):
+                text.append(f"    {n}. {hook.name}")
+                flags = _flags(hook)
+                if flags:
+                    text.append(f"  {flags}", style="yellow")
+                text.append(f"\n         defined    {hook.defined_at or '?'}\n", style="dim")
+                text.append(f"         registered {hook.registered_at or 'before capture'}", style="dim")
+                if hook.registered_by and hook.registered_by != hook.registered_at:
+                    text.append(f"  by {hook.registered_by}", style="dim")
+                text.append("\n")
+        if group.same:
+            span = group.same[0] if len(group.same) == 1 else f"{group.same[0]} … {group.same[-1]}"
+            text.append(
+                f"  ×{len(group.same)} more with the same hooks ({span}; --expand shows them)\n", "dim"
+            )
     n_global = sum(1 for h in trace.hooks if h.scope == "global" and h.id in live)
     if n_global:
         text.append(

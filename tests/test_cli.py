@@ -432,6 +432,20 @@ def test_hooks_lists_firing_order_without_running() -> None:
     assert sys.modules["quickstart"].CALLS == []
 
 
+def test_hooks_folds_repeated_layers_unless_expanded() -> None:
+    code, out, _ = invoke("hooks", "samples/transformer.py")
+    assert code == 0
+    assert "×11 more with the same hooks (encoder.layers.1 … encoder.layers.11;" in out
+    assert "\nencoder.layers.3.norm2 " not in out
+    code, expanded, _ = invoke("hooks", "samples/transformer.py", "--expand")
+    assert (
+        code == 0
+        and "\nencoder.layers.11.norm2  LayerNorm" in expanded
+        and "more with the same" not in expanded
+    )
+    assert len(out.splitlines()) * 4 < len(expanded.splitlines())
+
+
 def test_hooks_leaves_out_hooks_the_factory_removed(tmp_path: Path) -> None:
     target = write(
         tmp_path / "removed.py",

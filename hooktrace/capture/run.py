@@ -5,6 +5,7 @@ Also the hook inventory for `hooktrace hooks`: the factory is called inside a ca
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -238,28 +239,68 @@ def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[Inventor
     """
     from ..trace import KINDS
 
-    live_ids = live
-
-    live = [
-        h for h in trace.hooks if (h.id in live_ids if live_ids is not None else not h.removed_during_run)
-    ]
+    hooks_now = [h for h in trace.hooks if (h.id in live if live is not None else not h.removed_during_run)]
     globals_by_kind: dict[str, list[Hook]] = {}
-    for h in live:
+    for h in hooks_now:
         if h.scope == "global":
             globals_by_kind.setdefault(h.kind, []).append(h)
     rows: list[InventoryRow] = []
     paths = [m.path for m in trace.modules]
-    paths += sorted({h.module for h in live if h.module is not None and h.module not in set(paths)})
+    paths += sorted({h.module for h in hooks_now if h.module is not None and h.module not in set(paths)})
     for path in paths:
-        own = [h for h in live if h.module == path and h.scope == "module"]
+        own = [h for h in hooks_now if h.module == path and h.scope == "module"]
         for kind in KINDS:
             mine = [h for h in own if h.kind == kind]
             if mine:
                 rows.append(InventoryRow(path, kind, globals_by_kind.get(kind, []) + mine))
         tensors: dict[tuple[str, str], list[Hook]] = {}
-        for h in live:
+        for h in hooks_now:
             if h.scope == "tensor" and h.module == path:
                 tensors.setdefault((h.tensor or "?", h.kind), []).append(h)
         for (tensor, kind), hooks in tensors.items():
             rows.append(InventoryRow(path, kind, hooks, tensor=tensor))
     return rows
+
+
+@dataclass
+class ModuleHooks:
+    """One module's rows, and the other modules (e.g. layers 1..11) whose hooks are the same."""
+
+    module: str
+    rows: list[InventoryRow]
+    same: list[str] = field(default_factory=list)
+
+
+def _numbered(path: str) -> str:
+    return re.sub(r"(?:(?<=\.)|^)\d+(?=\.|$)", "#", path)
+
+
+def _hook_key(h: Hook) -> tuple:
+    return (h.name, h.kind, h.scope, h.prepend, h.prepend_source, h.with_kwargs, h.always_call,
+            h.defined_at, h.registered_at, h.registered_by)  # fmt: skip
+
+
+def group_modules(rows: list[InventoryRow], collapse: bool = True) -> list[ModuleHooks]:
+    """Rows per module; with `collapse`, modules whose path differs only in numbers (layers.0, layers.1)
+    and whose hooks are the same are folded into the first one."""
+    per_module: dict[str, list[InventoryRow]] = {}
+    for row in rows:
+        per_module.setdefault(row.module, []).append(row)
+    groups: list[ModuleHooks] = []
+    seen: dict[tuple, ModuleHooks] = {}
+    for path, mine in per_module.items():
+        prefix = f"{path}." if path else ""
+        key = (
+            _numbered(path),
+            tuple(
+                (r.kind, (r.tensor or "").removeprefix(prefix), tuple(_hook_key(h) for h in r.hooks))
+                for r in mine
+            ),
+        )
+        if collapse and key in seen:
+            seen[key].same.append(path)
+            continue
+        group = ModuleHooks(path, mine)
+        seen[key] = group
+        groups.append(group)
+    return groups
