@@ -14,6 +14,8 @@ What to look for:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.ao.quantization import DeQuantStub, QuantStub, get_default_qconfig, prepare
@@ -45,5 +47,7 @@ def make() -> tuple[nn.Module, torch.Tensor]:
     model.conv.register_forward_hook(inspect_output)
     model.fc.register_forward_hook(inspect_output)
     model.qconfig = get_default_qconfig("qnnpack")  # x86/fbgemm warn about reduce_range
-    prepare(model, inplace=True)
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
+        warnings.simplefilter("ignore", DeprecationWarning)
+        prepare(model, inplace=True)
     return model, torch.randn(2, 3, 8, 8)
