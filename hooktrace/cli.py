@@ -124,15 +124,20 @@ def _load_trace(path: Path) -> Trace:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
-def _compare(expected: Trace, observed: Trace, expected_name: str, observed_name: str) -> bool:
-    """Print the ordering differences; True when the orders are equal."""
+def _compare(
+    expected: Trace, observed: Trace, expected_name: str, observed_name: str, *, check: bool
+) -> bool:
+    """Print the ordering differences; True when the orders are equal.
+
+    `diff` prints to stdout; `run --check` to stderr, as its stdout may hold a JSON trace."""
     from .analysis.diff import diff_traces
 
+    stream = sys.stderr if check else sys.stdout
     result = diff_traces(expected, observed)
     if result.equal:
-        _stderr(f"same hook order: {expected_name} and {observed_name}")
+        print(f"same hook order: {expected_name} and {observed_name}", file=stream)
         return True
-    print(result.summary())
+    print(result.summary(), file=stream)
     return False
 
 
@@ -211,7 +216,10 @@ def run(
             if golden is not None and ranks.shown is not None:
                 shown = f"rank {ranks.show_rank}"
                 code = max(
-                    code, EXIT_OK if _compare(golden, ranks.shown, str(check), shown) else EXIT_DIFFERENT
+                    code,
+                    EXIT_OK
+                    if _compare(golden, ranks.shown, str(check), shown, check=True)
+                    else EXIT_DIFFERENT,
                 )
             raise typer.Exit(code)
         from .capture.run import run as run_target
@@ -237,7 +245,7 @@ def run(
             _traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         _stderr(f"run failed: {result.error}")
         code = EXIT_DIFFERENT
-    if golden is not None and not _compare(golden, result.trace, str(check), target):
+    if golden is not None and not _compare(golden, result.trace, str(check), target, check=True):
         code = EXIT_DIFFERENT
     raise typer.Exit(code)
 
@@ -348,7 +356,7 @@ def diff(
         first, second = _load_trace(a), _load_trace(b)
     except UsageError as exc:
         _fail(exc, traceback)
-    raise typer.Exit(EXIT_OK if _compare(first, second, str(a), str(b)) else EXIT_DIFFERENT)
+    raise typer.Exit(EXIT_OK if _compare(first, second, str(a), str(b), check=False) else EXIT_DIFFERENT)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

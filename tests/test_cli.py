@@ -400,12 +400,17 @@ def test_diff_and_check(tmp_path: Path) -> None:
     assert invoke("run", str(SAMPLES / "quickstart.py"), "-o", str(a))[0] == 0
     assert invoke("run", str(SAMPLES / "quickstart.py"), "-o", str(b))[0] == 0
     assert invoke("run", str(SAMPLES / "prepend_displaced.py"), "-o", str(c))[0] == 0
-    assert invoke("diff", str(a), str(b))[0] == 0
+    assert invoke("diff", str(a), str(b))[:2] == (0, f"same hook order: {a} and {b}\n")
     code, out, _ = invoke("diff", str(a), str(c))
     assert code == 1 and out.strip()
     assert invoke("run", str(SAMPLES / "quickstart.py"), "--check", str(a), "-o", str(b))[0] == 0
-    code, out, _ = invoke("run", str(SAMPLES / "prepend_displaced.py"), "--check", str(a), "-o", str(c))
-    assert code == 1 and out.strip()
+    code, out, err = invoke("run", str(SAMPLES / "prepend_displaced.py"), "--check", str(a), "-f", "json")
+    assert code == 1 and err.strip()
+    assert Trace.from_dict(json.loads(out)).meta.target.endswith(
+        "prepend_displaced.py:make"
+    )  # stdout: one document
+    code, _, _ = invoke("run", str(SAMPLES / "prepend_displaced.py"), "--check", str(a), "-o", str(c))
+    assert code == 1
     assert c.exists()  # the trace is still written when the check fails
 
 
