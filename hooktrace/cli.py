@@ -141,6 +141,45 @@ def _compare(
     return False
 
 
+def _run_ranks(
+    target: str,
+    nproc: int,
+    rank: Optional[int],
+    timeout: Optional[float],
+    options: dict,
+    device: Optional[str],
+    fmt: Optional[str],
+    output: Optional[Path],
+    golden: Optional[Trace],
+    check: Optional[Path],
+    tree_opts: Optional[dict] = None,
+) -> int:
+    """`--nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
+    from .ranks import DEFAULT_TIMEOUT, run_options, run_ranks
+
+    ranks = run_ranks(
+        target,
+        nproc,
+        out=str(output) if output is not None else None,
+        worker_args=run_options(device=device, **options),
+        timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
+        show_rank=rank or 0,
+    )
+    if ranks.usage_error is not None:
+        raise UsageError(ranks.usage_error)
+    if ranks.shown is not None:
+        _output(ranks.shown, fmt, None, tree_opts or {})
+    if fmt in (None, "tree"):
+        print(ranks.summary())
+    else:  # keep stdout one document (`-f json | jq`)
+        _stderr(ranks.summary())
+    code = ranks.exit_code
+    if golden is not None and ranks.shown is not None:
+        if not _compare(golden, ranks.shown, str(check), f"rank {ranks.show_rank}", check=True):
+            code = max(code, EXIT_DIFFERENT)
+    return code
+
+
 # -- commands -------------------------------------------------------------------------------------
 
 
@@ -192,35 +231,10 @@ def run(
         if nproc is None and (rank is not None or timeout is not None):
             raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
         if nproc is not None:
-            from .ranks import DEFAULT_TIMEOUT, run_options, run_ranks
-
-            ranks = run_ranks(
-                target,
-                nproc,
-                out=str(output) if output is not None else None,
-                worker_args=run_options(
-                    steps=steps, backward=not no_backward, input_shapes=input, dtype=dtype, device=device
-                ),
-                timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
-                show_rank=rank or 0,
+            run_options = {"steps": steps, "backward": not no_backward, "input_shapes": input, "dtype": dtype}
+            code = _run_ranks(
+                target, nproc, rank, timeout, run_options, device, format, output, golden, check, tree_opts
             )
-            if ranks.usage_error is not None:
-                raise UsageError(ranks.usage_error)
-            if ranks.shown is not None:  # -o names the per-rank JSON traces; the terminal shows one rank
-                _output(ranks.shown, format, None, tree_opts)
-            if format in (None, "tree"):
-                print(ranks.summary())
-            else:  # keep stdout one document (`-f json | jq`)
-                _stderr(ranks.summary())
-            code = ranks.exit_code
-            if golden is not None and ranks.shown is not None:
-                shown = f"rank {ranks.show_rank}"
-                code = max(
-                    code,
-                    EXIT_OK
-                    if _compare(golden, ranks.shown, str(check), shown, check=True)
-                    else EXIT_DIFFERENT,
-                )
             raise typer.Exit(code)
         from .capture.run import run as run_target
         from .target import load_factory
