@@ -6,6 +6,7 @@ import datetime as _dt
 import platform
 import sys
 import weakref
+from bisect import bisect_right
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Optional
@@ -134,7 +135,7 @@ class TraceSession:
 
     def mark_step(self) -> None:
         """Start the next step: later events carry `step + 1`."""
-        self._rec.step += 1
+        self._rec.mark_step()
 
     def set_meta(self, **fields: Any) -> None:
         """Override meta fields (device, target, steps, rank, world_size)."""
@@ -467,44 +468,40 @@ class TraceSession:
         paths = {**self._paths, **final_paths}
 
         hooks = [self._to_hook(r, paths, params) for r in self._ordered_records(model)]
-        tensor_modules = {h.id: h.module for h in hooks if h.scope == "tensor"}
-        start = self._start_ns
-        raw = sorted(self._rec.events, key=lambda e: e[0])
-        events = []
-        for seq, (_, step, etype, phase, mod, hid, tid, t0, dur, returned, error) in enumerate(raw):
-            record = self._records.get(hid) if hid is not None else None
-            if mod is not None:
-                path = paths.get(id(mod))
-            elif record is not None and record.scope == "tensor":
-                path = tensor_modules.get(hid)
-            else:
-                path = None
-            events.append(
-                Event(
-                    seq,
-                    step,
-                    etype,
-                    phase,
-                    path,
-                    hid,
-                    record.kind if record else None,
-                    tid,
-                    t0 - start,
-                    dur,
-                    returned,
-                    error,
-                )
-            )
+        events = self._events(paths, {h.id: h for h in hooks})
         meta = self._meta
         meta.torch = torch.__version__
         meta.python = platform.python_version()
-        meta.steps = self._rec.step + 1
+        meta.steps = self._rec.steps
         meta.device = _device_of(model)
         for key, value in self._meta_overrides.items():
             setattr(meta, key, value)
         trace = Trace(meta=meta, modules=modules, hooks=hooks, events=events)
         trace.surprises = find_surprises(trace)
         return trace
+
+    def _events(self, paths: dict[int, str], hooks: dict[int, Hook]) -> list[Event]:
+        """Compact records -> SPEC events, in `seq` order, renumbered 0.. without gaps."""
+        start = self._start_ns
+        starts = self._rec.step_starts
+        raw: list[tuple] = []
+        for seq, phase, mod, hid, tid, t0, dur, outcome in self._rec.hooks:
+            hook = hooks[hid]
+            path = (
+                paths.get(id(mod)) if mod is not None else (hook.module if hook.scope == "tensor" else None)
+            )
+            error = outcome if outcome.__class__ is str else None
+            step = bisect_right(starts, seq)
+            raw.append(
+                (seq, step, "hook", phase, path, hid, hook.kind, tid, t0 - start, dur, outcome is True, error)
+            )
+        for enter, leave, phase, mod, tid, t0, t1, error in self._rec.calls:
+            path = paths.get(id(mod))
+            step = bisect_right(starts, enter)
+            raw.append((enter, step, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
+            raw.append((leave, step, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))
+        raw.sort(key=lambda r: r[0])
+        return [Event(i, *r[1:]) for i, r in enumerate(raw)]
 
     def _ordered_records(self, model: Any) -> list[_Record]:
         """Hooks in the order PyTorch will fire them: global dicts, then each module's dicts, then the rest."""
