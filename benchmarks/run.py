@@ -424,11 +424,12 @@ def bench_memory(quick: bool) -> list[Row]:
 
 # -- row 5: save + load of 1M events ------------------------------------------------------------------
 def synthetic_trace(n_events: int) -> Any:
-    """A Trace shaped like a real one: 300 modules, 600 hooks, enter/pre/hook/exit runs, big timestamps."""
+    """A Trace shaped like a real one: 300 transformer-like module paths, 600 hooks, enter/hook/exit runs."""
     from hooktrace.trace import Event, Hook, Meta, Module, Trace
 
-    paths = [""] + [f"layers.{i}" for i in range(300)]
-    modules = [Module(p, "Linear" if p else "Sequential") for p in paths]
+    subs = ("self_attn", "self_attn.out_proj", "linear1", "dropout", "linear2", "norm1", "norm2", "dropout1")
+    paths = [""] + [f"layers.{i}.{sub}" for i in range(38) for sub in subs][:300]
+    modules = [Module(p, "Linear" if p else "TransformerEncoder") for p in paths]
     hooks = [
         Hook(
             id=10 + i,
