@@ -122,6 +122,8 @@ def test_quantization_prepare_observers_flagged_prepend():
     for h in observers:
         assert (h.prepend, h.prepend_source) == (True, "registration")
         assert h.registered_at.startswith("torch/ao/quantization/")
+        # through torch.ao's @deprecated wrapper, to the line that called prepare()
+        assert h.registered_by.startswith("tests/test_capture_libraries.py")
     fc_order = [trace.hook(e.hook).name for e in trace.events if e.type == "hook" and e.module == "fc"]
     assert fc_order == ["_observer_forward_hook", "hook_user_fwd"]
     # the observer submodules prepare() added are named in the module table

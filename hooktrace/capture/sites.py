@@ -110,13 +110,18 @@ def defined_at(fn: Any) -> Optional[str]:
     return f"{display_path(code.co_filename)}:{code.co_firstlineno}"
 
 
+# Pass-through decorators (`@deprecated` around torch.ao's `prepare`, functools/contextlib wrappers):
+# the user's line is the one that called them.
+_WRAPPER_FILES = ("typing_extensions.py", "functools.py", "contextlib.py", "warnings.py")
+
+
 @functools.lru_cache(maxsize=4096)
 def _frame_class(filename: str) -> int:
-    """0 = user code, 1 = torch (not plumbing), 2 = plumbing or hooktrace itself."""
+    """0 = user code, 1 = torch or a pass-through wrapper, 2 = plumbing or hooktrace itself."""
     path = os.path.abspath(filename) if not filename.startswith("<") else filename
     if path.startswith(_HOOKTRACE_DIR) or path.startswith(_PLUMBING):
         return 2
-    if path.startswith(_TORCH_DIR):
+    if path.startswith(_TORCH_DIR) or os.path.basename(path) in _WRAPPER_FILES:
         return 1
     return 0
 
