@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import shutil
@@ -259,6 +260,15 @@ def bench_transformer(quick: bool) -> list[Row]:
 
 
 # -- row 3: shim overhead -----------------------------------------------------------------------------
+def _clear(recorder: Any) -> None:
+    """Empty whatever lists the recorder keeps (its layout is the capture's business)."""
+    names = getattr(type(recorder), "__slots__", ()) or vars(recorder)
+    for name in names:
+        value = getattr(recorder, name, None)
+        if isinstance(value, list):
+            value.clear()
+
+
 def bench_shim(quick: bool) -> list[Row]:
     from hooktrace.capture.shims import Recorder, make_shim
 
@@ -285,8 +295,8 @@ def bench_shim(quick: bool) -> list[Row]:
     overhead, wrapper, forward = [], [], []
     bare_times = []
     for i in range(repeats):
-        rec.events.clear()
-        fwd_rec.events.clear()
+        _clear(rec)
+        _clear(fwd_rec)
         gc.collect()
         order = [hook, shim, passthrough, fwd_shim]
         if i % 2:
@@ -297,8 +307,8 @@ def bench_shim(quick: bool) -> list[Row]:
         overhead.append((times[shim] - bare) / n * 1e6)
         wrapper.append((times[passthrough] - bare) / n * 1e6)
         forward.append((times[fwd_shim] - bare) / n * 1e6)
-    rec.events.clear()
-    fwd_rec.events.clear()
+    _clear(rec)
+    _clear(fwd_rec)
     return [
         Row(
             "shim_overhead",
@@ -310,6 +320,7 @@ def bench_shim(quick: bool) -> list[Row]:
                 "calls_per_repeat": n,
                 "bare_call_us": statistics.median(bare_times) * 1e6,
                 "passthrough_wrapper_overhead_us": statistics.median(wrapper),
+                "shim_over_passthrough": statistics.median(overhead) / max(statistics.median(wrapper), 1e-9),
                 "forward_phase_shim_overhead_us": statistics.median(forward),
             },
         )
@@ -660,6 +671,15 @@ BENCHES: dict[str, Callable[..., list[Row]]] = {
     "render": bench_render,
 }
 NEEDS_TMP = {"save_load", "cli"}
+GROUPS = {
+    "hook_heavy": ("hook_heavy_step", "hook_heavy_session"),
+    "transformer": ("transformer_step", "transformer_session"),
+    "shim": ("shim_overhead",),
+    "memory": ("memory_per_event",),
+    "save_load": ("save_load", "file_size"),
+    "cli": ("cli_help", "cli_render", "cli_diff"),
+    "render": ("render_tree", "render_svg"),
+}
 
 
 def _fmt(value: Optional[float]) -> str:
@@ -720,7 +740,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.only and name not in args.only:
                 continue
             t0 = time.perf_counter()
-            rows.extend(bench(args.quick, Path(tmp)) if name in NEEDS_TMP else bench(args.quick))
+            try:
+                rows.extend(bench(args.quick, Path(tmp)) if name in NEEDS_TMP else bench(args.quick))
+            except Exception as exc:  # noqa: BLE001  (one broken group must not hide the others)
+                reason = f"benchmark raised {type(exc).__name__}: {exc}"
+                rows.extend(
+                    not_measurable(Row(row_id, name, "", math.nan), reason) for row_id in GROUPS[name]
+                )
             print(f"[{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
     print(table(rows, info))
     if args.json:
