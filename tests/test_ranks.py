@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hooktrace import ranks
+from hooktrace.analysis.ranks import compare_pair, compare_ranks
 from hooktrace.ranks import (
     DIED,
     FAILED,
@@ -25,8 +26,6 @@ from hooktrace.ranks import (
     USAGE,
     RankOutcome,
     RanksResult,
-    compare_pair,
-    compare_ranks,
     rank_trace_path,
     run_options,
     run_ranks,
