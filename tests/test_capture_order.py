@@ -434,3 +434,53 @@ def test_factory_inside_capture_with_attach():
     hook = t.trace.hook(h.id)
     assert (hook.module, hook.prepend_source) == ("1.fc", "registration")
     assert [mod.path for mod in t.trace.modules][:3] == ["", "0", "0.fc"]
+
+
+def test_global_registration_hooks_phase_other():
+    import torch.nn.modules.module as nn_module
+
+    m = model()
+    seen = []
+    with hooktrace.trace(m) as t:
+        handles = [
+            nn_module.register_module_module_registration_hook(
+                lambda mod, name, sub: seen.append(("module", name))
+            ),
+            nn_module.register_module_parameter_registration_hook(
+                lambda mod, name, p: seen.append(("param", name))
+            ),
+            nn_module.register_module_buffer_registration_hook(
+                lambda mod, name, b: seen.append(("buffer", name))
+            ),
+        ]
+        m.extra = nn.Linear(2, 2)
+        m.register_buffer("scale", torch.ones(1))
+        for h in handles:
+            h.remove()
+    kinds = [(e.kind, e.phase, e.module) for e in t.trace.events if e.type == "hook"]
+    assert [k for k, _, _ in kinds] == [
+        "parameter_registration",
+        "parameter_registration",
+        "module_registration",
+        "buffer_registration",
+    ]
+    assert [s[0] for s in seen] == ["param", "param", "module", "buffer"]
+    assert {phase for _, phase, _ in kinds} == {"other"}
+    assert all(t.trace.hook(h.id).scope == "global" for h in handles)
+
+
+def test_trace_keeps_no_model_or_tensor_alive():
+    import gc
+    import weakref
+
+    m = model()
+    x = torch.randn(3, 4, requires_grad=True)
+    with hooktrace.trace(m) as t:
+        out = m(x)
+        out.register_hook(lambda g: None)
+        out.sum().backward()
+    refs = [weakref.ref(m), weakref.ref(x), weakref.ref(out)]
+    del m, x, out
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    assert len(t.trace.events) > 0

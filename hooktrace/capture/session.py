@@ -40,7 +40,13 @@ _MODULE_FIRST = {
     "load_state_dict_post",
 }
 
-_STATE_DICT_KINDS = {kind for _, kind in STATE_DICTS}
+# Hooks that fire outside any module call (state_dict(), submodule/parameter/buffer registration) are
+# wrapped as soon as they are registered; the others when their module is next called.
+_WRAP_AT_REGISTRATION = {kind for _, kind in STATE_DICTS} | {
+    "module_registration",
+    "parameter_registration",
+    "buffer_registration",
+}
 _SHIM_CODE = shims.make_shim(shims.Recorder(), print, -1, None, None, False).__code__
 
 _ACTIVE: Optional[TraceSession] = None
@@ -272,7 +278,7 @@ class TraceSession:
         scope = "global" if owner is None else "module"
         if owner is not None:
             self._path_of(owner)
-        if kind in _STATE_DICT_KINDS:  # state_dict() calls no module: wrap now
+        if kind in _WRAP_AT_REGISTRATION:
             self._wrap_one(d, handle.id, d[handle.id], kind, owner, scope)
         elif handle.id not in self._records:
             # forward/backward hooks are wrapped lazily, when the module is called; the record exists
