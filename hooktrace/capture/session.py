@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import sys
+import time
 import weakref
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -119,7 +120,7 @@ class TraceSession:
             raise RuntimeError("this hooktrace.trace() session has already run; create a new one")
         _ACTIVE = self
         self._active = True
-        self._start_ns = shims.time.perf_counter_ns()
+        self._start_ns = time.perf_counter_ns()
         self._meta.created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         try:
             self._install()
@@ -176,11 +177,12 @@ class TraceSession:
         )
         torch.nn.Module._call_impl = call_impl
         self._run_codes = {call_impl.__code__}
+        call_attrs = {attr for attr, _ in GLOBAL_DICTS[:4]}  # the hooks `_call_impl` runs
         for attr, kind in GLOBAL_DICTS:
             d = registry.global_dict(attr)
             if d is None:
                 continue
-            if attr in {a for a, _ in GLOBAL_DICTS[:4]}:
+            if attr in call_attrs:
                 self._global_call_dicts.append((d, kind))
             self._wrap_dict(d, kind, None, "global")
 
@@ -306,8 +308,7 @@ class TraceSession:
         if known is not None and known[0]() is tensor:
             return ("output of", known[1])
         while frame is not None:
-            name = frame.f_code.co_name
-            if name == "hooktrace_shim" and frame.f_code is _SHIM_CODE:
+            if frame.f_code is _SHIM_CODE:
                 local = frame.f_locals
                 args = local.get("args") or ()
                 record = self._records.get(local.get("hook_id"))
