@@ -16,7 +16,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..analysis.surprises import ROOT, find_surprises
-from ..trace import Event, Hook, Meta, Module, Trace
+from ..trace import Event, Hook, Meta, Module, Trace, _gc_paused
 from . import registry, shims, sites
 from .registry import CALL_DICTS, GLOBAL_DICTS, MODULE_DICTS, STATE_DICTS, TENSOR_DICTS
 
@@ -123,9 +123,10 @@ class TraceSession:
         self._start_ns = time.perf_counter_ns()
         self._meta.created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         try:
-            self._install()
-            if self._model is not None:
-                self._inventory_model(self._model)
+            with _gc_paused():
+                self._install()
+                if self._model is not None:
+                    self._inventory_model(self._model)
         except BaseException:
             self._finish()
             raise
@@ -138,7 +139,8 @@ class TraceSession:
         """Name module paths after `model` and wrap the hooks it already holds."""
         self._model = model
         if self._active:
-            self._inventory_model(model)
+            with _gc_paused():
+                self._inventory_model(model)
 
     def mark_step(self) -> None:
         """Start the next step: later events carry `step + 1`."""
@@ -187,6 +189,10 @@ class TraceSession:
             self._wrap_dict(d, kind, None, "global")
 
     def _finish(self) -> None:
+        with _gc_paused():
+            self._finish_now()
+
+    def _finish_now(self) -> None:
         global _ACTIVE
         try:
             if self._original_call_impl is not None:
