@@ -218,7 +218,7 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the trace as JSON (SPEC §4); orjson is used when installed (hooktrace[fast])."""
-        with _gc_paused(), open(path, "wb") as fh:
+        with gc_paused(), open(path, "wb") as fh:
             fh.write(dumps(self.to_dict()))
             fh.write(b"\n")
 
@@ -267,8 +267,9 @@ class Trace:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Millions of small containers make the cyclic GC rescan the heap over and over; none form cycles."""
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC: building or reading millions of small acyclic containers otherwise makes
+    it rescan the whole heap again and again (several times slower on large traces)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -295,7 +296,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
     """Read a trace written by `Trace.save`; TraceFormatError for anything else."""
     with open(path, "rb") as fh:
         raw = fh.read()
-    with _gc_paused():
+    with gc_paused():
         try:
             data = loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and orjson's error are ValueErrors

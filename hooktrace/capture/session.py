@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import platform
 import sys
@@ -16,7 +17,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..analysis.surprises import ROOT, find_surprises
-from ..trace import Event, Hook, Meta, Module, Trace, _gc_paused
+from ..trace import Event, Hook, Meta, Module, Trace, gc_paused
 from . import registry, shims, sites
 from .registry import CALL_DICTS, GLOBAL_DICTS, MODULE_DICTS, STATE_DICTS, TENSOR_DICTS
 
@@ -54,25 +55,12 @@ _ACTIVE: Optional[TraceSession] = None
 
 
 @dataclass
-class _Record:
-    """A hook while capturing; becomes a `trace.Hook` at finalisation."""
+class _Record(Hook):
+    """A hook while capturing: the trace's Hook plus the live objects it came from."""
 
-    id: int
-    kind: str
-    scope: str
     owner: Any = None  # module object (module scope) or None
     tensor_ref: Any = None  # weakref to the tensor (tensor scope)
     tensor_desc: Optional[tuple[str, Any]] = None  # ("output of"|"input of"|"tensor in", module) or None
-    name: str = "<unknown>"
-    defined_at: Optional[str] = None
-    registered_at: Optional[str] = None
-    registered_by: Optional[str] = None
-    prepend: bool = False
-    prepend_source: Optional[str] = None
-    with_kwargs: bool = False
-    always_call: bool = False
-    registered_during_run: bool = False
-    removed_during_run: bool = False
     removed: bool = False
 
 
@@ -123,7 +111,7 @@ class TraceSession:
         self._start_ns = time.perf_counter_ns()
         self._meta.created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         try:
-            with _gc_paused():
+            with gc_paused():
                 self._install()
                 if self._model is not None:
                     self._inventory_model(self._model)
@@ -139,7 +127,7 @@ class TraceSession:
         """Name module paths after `model` and wrap the hooks it already holds."""
         self._model = model
         if self._active:
-            with _gc_paused():
+            with gc_paused():
                 self._inventory_model(model)
 
     def mark_step(self) -> None:
@@ -189,7 +177,7 @@ class TraceSession:
             self._wrap_dict(d, kind, None, "global")
 
     def _finish(self) -> None:
-        with _gc_paused():
+        with gc_paused():
             self._finish_now()
 
     def _finish_now(self) -> None:
@@ -553,23 +541,8 @@ class TraceSession:
                 tensor = f"{how} {owner_path or ROOT}"
             else:
                 tensor = "tensor"
-        return Hook(
-            id=r.id,
-            kind=r.kind,
-            scope=r.scope,
-            module=module,
-            tensor=tensor,
-            name=r.name,
-            defined_at=r.defined_at,
-            registered_at=r.registered_at,
-            registered_by=r.registered_by,
-            prepend=r.prepend,
-            prepend_source=r.prepend_source,
-            with_kwargs=r.with_kwargs,
-            always_call=r.always_call,
-            registered_during_run=r.registered_during_run,
-            removed_during_run=r.removed_during_run,
-        )
+        fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(Hook)}
+        return Hook(**{**fields, "module": module, "tensor": tensor})
 
     def _release(self) -> None:
         """The trace keeps no references to tensors, modules or hooks after the block."""

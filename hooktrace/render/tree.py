@@ -14,20 +14,18 @@ Consecutive sibling calls of identical shape (12 transformer layers) show once, 
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import io
 import operator
 import re
 from collections import Counter
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Optional, Union
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 from rich.tree import Tree
 
-from ..trace import PHASES, Event, Hook, Trace
+from ..trace import PHASES, Event, Hook, Trace, gc_paused
 
 PHASE_TITLES = {
     "forward": "forward",
@@ -495,21 +493,8 @@ def build_tree(
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be 0 or more, got {depth}")
     ctx = _Context(trace, expand=expand, times=times, show_empty=show_empty, depth=depth)
-    with _gc_paused():
+    with gc_paused():
         return _build(trace, ctx, module, phase)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The nodes built here hold no cycles; without this the cyclic collector rescans every live
-    event of a large trace again and again, which more than doubles the time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build(trace: Trace, ctx: _Context, module: Optional[str], phase: Optional[str]) -> Group:
