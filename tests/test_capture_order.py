@@ -484,3 +484,25 @@ def test_trace_keeps_no_model_or_tensor_alive():
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
     assert len(t.trace.events) > 0
+
+
+def test_hook_registered_on_the_module_during_its_own_call_is_traced():
+    m = model()
+    zoo = Zoo()
+    added: list = []
+
+    def adds_to_itself(module, args):
+        zoo.log.append("adds_to_itself")
+        if not added:
+            added.append(zoo.module(module, "forward", "same_call_fwd"))
+            added.append(zoo.module(module, "backward", "same_call_bwd"))
+
+    with hooktrace.trace(m) as t:
+        h = m[0].register_forward_pre_hook(adds_to_itself)
+        zoo.labels[h.id] = "adds_to_itself"
+        run(m, zoo)
+    h.remove()
+    for handle in added:
+        handle.remove()
+    check(zoo, t.trace)
+    assert zoo.log == ["adds_to_itself", "same_call_fwd"]

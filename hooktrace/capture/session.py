@@ -274,13 +274,15 @@ class TraceSession:
         scope = "global" if owner is None else "module"
         if owner is not None:
             self._path_of(owner)
-        if kind in _WRAP_AT_REGISTRATION:
+        if kind == "backward":
+            kind = registry.backward_kind(owner)
+        if kind in _WRAP_AT_REGISTRATION or site.during_run:
+            # during a run the module being called may already be past our look at its dicts, and
+            # `_call_impl` reads its forward hooks again after forward: wrap now
             self._wrap_one(d, handle.id, d[handle.id], kind, owner, scope)
         elif handle.id not in self._records:
-            # forward/backward hooks are wrapped lazily, when the module is called; the record exists
-            # from now on, so a hook removed before it could fire is still in the trace
-            if kind == "backward":
-                kind = registry.backward_kind(owner)
+            # otherwise wrapped lazily, when the module is next called; the record exists from now
+            # on, so a hook removed before it could fire is still in the trace
             self._new_record(handle.id, d[handle.id], kind, owner, scope)
 
     def _on_output(self, module: Any, result: Any) -> None:
