@@ -168,9 +168,6 @@ class Interceptor:
         setattr(owner, name, replacement)
 
     # -- wrappers ------------------------------------------------------------------------
-    def _busy(self) -> bool:
-        return getattr(self._local, "depth", 0) > 0
-
     def _wrap_register(
         self, original: Callable[..., Any], kind: str, is_global: bool = False
     ) -> Callable[..., Any]:

@@ -9,7 +9,7 @@ import site
 import sys
 import sysconfig
 from types import FrameType
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -140,17 +140,3 @@ def call_sites(frame: Optional[FrameType]) -> tuple[Optional[str], Optional[str]
             registered_by = where or f"{display_path(code.co_filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return registered_at, registered_by
-
-
-def caller_frame(depth: int = 2) -> Optional[FrameType]:
-    try:
-        return sys._getframe(depth)
-    except ValueError:
-        return None
-
-
-def is_hooktrace_frame(frame: FrameType) -> bool:
-    return frame.f_code.co_filename.startswith(_HOOKTRACE_DIR)
-
-
-Callback = Callable[..., Any]
