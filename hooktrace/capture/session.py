@@ -51,6 +51,8 @@ _WRAP_AT_REGISTRATION = {kind for _, kind in STATE_DICTS} | {
 }
 _SHIM_CODE = shims.make_shim(shims.Recorder(), print, -1, None, None, False).__code__
 
+_HOOK_FIELDS = tuple(f.name for f in dataclasses.fields(Hook))
+
 _ACTIVE: Optional[TraceSession] = None
 
 
@@ -543,7 +545,7 @@ class TraceSession:
                 tensor = f"{how} {owner_path or ROOT}"
             else:
                 tensor = "tensor"
-        fields = {f.name: getattr(r, f.name) for f in dataclasses.fields(Hook)}
+        fields = {name: getattr(r, name) for name in _HOOK_FIELDS}
         return Hook(**{**fields, "module": module, "tensor": tensor})
 
     def _release(self) -> None:
