@@ -17,6 +17,8 @@ import typer
 
 from .target import UsageError
 
+PIPE_WIDTH = 120
+
 if TYPE_CHECKING:
     from .trace import Trace
 
@@ -75,6 +77,17 @@ def _tree_options(depth: Optional[int], module: Optional[str], phase: Optional[s
     return {"depth": depth, "module": module, "phase": phase, "expand": expand}
 
 
+def _console(**options: Any) -> Any:
+    """A rich console; piped output gets 120 columns (unless COLUMNS says otherwise), not rich's 80,
+    so hook lines stay whole for grep and scripts."""
+    from rich.console import Console
+
+    console = Console(soft_wrap=False, **options)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPE_WIDTH
+    return console
+
+
 def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts: dict) -> None:
     """Render to the terminal (tree: rich, colour when it is a terminal) or write to `output`."""
     from . import render as r
@@ -82,11 +95,9 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts:
     try:
         chosen = r.format_for_path(str(output) if output else None, fmt)
         if output is None and chosen == "tree":
-            from rich.console import Console
-
             from .render.tree import build_tree
 
-            Console(soft_wrap=False).print(build_tree(trace, **tree_opts))
+            _console().print(build_tree(trace, **tree_opts))
             return
         takes = r.renderer(chosen).options
         data = r.render(trace, chosen, **{k: v for k, v in tree_opts.items() if k in takes})
@@ -280,10 +291,9 @@ def hooks(
         found = inventory(load_factory(target))
     except UsageError as exc:
         _fail(exc, traceback)
-    from rich.console import Console
 
     groups = group_modules(firing_order(found.trace, found.live), collapse=not expand)
-    Console(soft_wrap=False, highlight=False).print(_inventory_text(found.trace, groups, found.live))
+    _console(highlight=False).print(_inventory_text(found.trace, groups, found.live))
 
 
 def _flags(hook: Any) -> str:
