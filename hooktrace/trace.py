@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 FORMAT = "hooktrace.trace"
+ROOT = "<root>"  # how the root module (path "") is shown, and named in `tensor` ("output of <root>")
 VERSION = 1
 
 MODULE_KINDS = ("forward_pre", "forward", "backward_pre", "backward", "backward_legacy")

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from ..trace import Event, Trace
+from ..trace import ROOT, Event, Trace
 
 FLAGS = ("prepend", "with_kwargs", "always_call")
 CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flags")
@@ -65,7 +65,7 @@ class Difference:
         if self.phase is not None:
             parts.append(self.phase)
         if self.module is not None:
-            parts.append(f"module {self.module or '<root>'!r}")
+            parts.append(f"module {self.module or ROOT!r}")
         if self.kind is not None:
             parts.append(f"{self.kind} hooks")
         return ", ".join(parts)

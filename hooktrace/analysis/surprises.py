@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Optional
 from ..trace import (
     FORWARD_KINDS,
     REGISTRATION_KINDS,
+    ROOT,
     STATE_DICT_KINDS,
     TENSOR_KINDS,
     Event,
@@ -16,7 +17,6 @@ from ..trace import (
     Trace,
 )
 
-ROOT = "<root>"
 # PyTorch raises this inside a checkpoint recompute to stop it early, and catches it itself.
 PYTORCH_INTERNAL_ERRORS = ("_StopRecomputationError",)
 REPLACED = {

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..analysis.surprises import is_internal_error
 from ..target import (
     Factory,
     Prepared,
@@ -21,9 +22,6 @@ from ..target import (
     torch_dtype,
 )
 from ..trace import Event, Hook, Trace
-
-# PyTorch raises this inside non-reentrant checkpoint to stop a recompute early, and catches it.
-_PYTORCH_INTERNAL_ERRORS = ("_StopRecomputationError",)
 
 
 @dataclass
@@ -141,17 +139,13 @@ def _module_words(path: Optional[str]) -> str:
     return "the root module" if path == "" else f"module '{path}'"
 
 
-def _is_internal(error: str) -> bool:
-    return error.split(":", 1)[0].strip() in _PYTORCH_INTERNAL_ERRORS
-
-
 def failing_event(trace: Trace, exception: Optional[BaseException] = None) -> Optional[Event]:
     """The event where the run failed: the first hook that raised, else the innermost module exit.
 
     Events whose error matches the exception that ended the run are preferred, so an exception the
     model raised and caught itself earlier does not take the blame.
     """
-    errored = [e for e in trace.events if e.error and not (e.type == "exit" and _is_internal(e.error))]
+    errored = [e for e in trace.events if e.error and not (e.type == "exit" and is_internal_error(e.error))]
     if exception is not None:
         text = f"{type(exception).__name__}: {exception}"
         matching = [e for e in errored if e.error == text]

@@ -16,8 +16,8 @@ from typing import Any, Optional
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from ..analysis.surprises import ROOT, find_surprises
-from ..trace import Event, Hook, Meta, Module, Trace, gc_paused
+from ..analysis.surprises import find_surprises
+from ..trace import ROOT, Event, Hook, Meta, Module, Trace, gc_paused
 from . import registry, shims, sites
 from .registry import CALL_DICTS, GLOBAL_DICTS, MODULE_DICTS, STATE_DICTS, TENSOR_DICTS
 

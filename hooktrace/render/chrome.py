@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Any, Optional
 
 from ..analysis.surprises import is_internal_error
-from ..trace import FORMAT, VERSION, Event, Hook, Trace
+from ..trace import FORMAT, ROOT, VERSION, Event, Hook, Trace
 
 
 def _us(ns: int) -> float:
@@ -76,7 +76,7 @@ def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int, 
     duration = e.duration_ns
     if not duration and end is not None:
         duration = max(0, end.start_ns - e.start_ns)
-    path = "<root>" if e.module == "" else e.module
+    path = ROOT if e.module == "" else e.module
     return {
         "name": f"{path} ({mtype})" if mtype else str(path),
         "cat": e.phase,
@@ -137,7 +137,7 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
             # an exit whose enter was not recorded still shows its exception, as an instant
             out.append(
                 {
-                    "name": f"{e.module or '<root>'} raised",
+                    "name": f"{e.module or ROOT} raised",
                     "cat": e.phase,
                     "ph": "i",
                     "s": "t",

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import graphviz
 
 from ..analysis.surprises import is_internal_error
-from ..trace import Event, Hook, Trace
+from ..trace import ROOT, Event, Hook, Trace
 from . import RenderError
 
 INSTALL_HINT = (
@@ -292,7 +292,7 @@ class _Emitter:
         if h is not None and h.scope == "tensor" and h.tensor:
             lines.append(_esc(f"on {h.tensor}"))
         elif e.module is not None and e.module != parent:
-            lines.append(_esc(f"for {e.module or '<root>'}"))
+            lines.append(_esc(f"for {e.module or ROOT}"))
         badges = _badges(h, f.events)
         if badges:
             lines.append(_esc(" · ".join(badges)))
@@ -439,7 +439,7 @@ def _badges(h: Optional[Hook], events: list[Event]) -> list[str]:
 def _name(block: _Block) -> str:
     if block.module is None:
         return "tensor hooks"
-    return block.module or "<root>"
+    return block.module or ROOT
 
 
 def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:

@@ -25,7 +25,7 @@ from rich.panel import Panel
 from rich.text import Text
 from rich.tree import Tree
 
-from ..trace import PHASES, Event, Hook, Trace, gc_paused
+from ..trace import PHASES, ROOT, Event, Hook, Trace, gc_paused
 
 PHASE_TITLES = {
     "forward": "forward",
@@ -307,7 +307,7 @@ class _Context:
             line.append(f" on {h.tensor}")
         module = e.module
         if module is not None and module != parent:
-            line.append(f" for {module or '<root>'}")
+            line.append(f" for {module or ROOT}")
         for badge in _badges(h, e):
             line.append(" ")
             line.append(f"[{badge}]", style=BADGE_STYLES.get(badge.split()[0], ""))
@@ -324,7 +324,7 @@ class _Context:
         if node.module is None:
             line.append("tensor hooks", style="italic")
             return line
-        line.append(node.module or "<root>", style="bold")
+        line.append(node.module or ROOT, style="bold")
         mtype = self.types.get(node.module)
         if mtype:
             line.append(f" {mtype}", style="dim")
@@ -393,7 +393,7 @@ def _short_error(error: str) -> str:
 def _label_name(node: _Node) -> str:
     if node.module is None:
         return "tensor hooks"
-    return node.module or "<root>"
+    return node.module or ROOT
 
 
 def _badges(h: Optional[Hook], e: Event) -> list[str]:
