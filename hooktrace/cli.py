@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 the run raised or a diff/check found a difference (the partial trace is
 still rendered and written); 2 bad usage or input, reported as one `error: ...` line.
-torch is imported only by `run` and `hooks`, so `--help`, `render` and `diff` start fast.
+torch is imported only by `run` and `hooks`, so `--help`, `render` and `diff` start fast; nor is
+pydantic, which newer typer imports to convert option values (see `_PlainValues`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import os
 import sys
 import traceback as _traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, get_args, get_origin
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from .target import UsageError
 
@@ -26,7 +28,95 @@ EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 FORMATS = ("tree", "json", "dot", "svg", "chrome")
 PHASE_CHOICES = ("forward", "backward", "recompute", "other")
 
+# -- option values without pydantic ---------------------------------------------------------------
+# typer >= 0.29 converts every non-flag value through a pydantic TypeAdapter, and importing pydantic
+# costs `render` and `diff` more than all the rest of their start-up (issue 5). This CLI takes only
+# plain str, int, float, Path and List[str] values: they are converted here exactly as typer does,
+# and anything else (a bad or out-of-range number, an unreadable path, bytes) goes to typer's own
+# conversion, so its error messages stay word for word. Older typer (click types) is left alone.
+_TYPER = object()  # "let typer decide"
+_PLAIN_PATH = {  # typer's defaults: with these, a Path is only checked for being readable if it exists
+    "exists": False,
+    "file_okay": True,
+    "dir_okay": True,
+    "readable": True,
+    "writable": False,
+    "resolve_path": False,
+    "allow_dash": False,
+    "path_type": None,
+}
+
+
+def _plain_value(annotation: Any, info: Any, value: Any) -> Any:
+    """`value` as typer would convert it for `annotation`, or _TYPER when typer must decide."""
+    if annotation is str and isinstance(value, str):
+        return value
+    if annotation in (int, float) and isinstance(value, str) and not getattr(info, "clamp", True):
+        digits = value.replace(".", "", 1) if annotation is float else value
+        if digits.isascii() and digits.isdigit() and len(digits) < 16:  # long: typer's limits apply
+            number = annotation(value)
+            low, high = getattr(info, "min", None), getattr(info, "max", None)
+            if (low is None or number >= low) and (high is None or number <= high):
+                return number
+        return _TYPER
+    if annotation is Path and isinstance(value, str) and "\0" not in value:
+        if all(getattr(info, name, None) == plain for name, plain in _PLAIN_PATH.items()):
+            if not os.path.exists(value) or os.access(value, os.R_OK):
+                return Path(value)
+        return _TYPER
+    if get_origin(annotation) is list and isinstance(value, (list, tuple)):
+        items = [_plain_value(get_args(annotation)[0], info, item) for item in value]
+        return _TYPER if any(item is _TYPER for item in items) else items
+    return _TYPER
+
+
+class _PlainValues:
+    """One parameter's value conversion (typer's RuntimeParam protocol): plain values here,
+    the rest by typer's own, which is built (and imports pydantic) only when first needed."""
+
+    def __init__(self, typers: Callable[[], Any]) -> None:
+        self._typers = typers
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value is None:
+            return () if param.multiple or param.nargs == -1 else None
+        descriptor = param.type_descriptor
+        plain = _plain_value(descriptor.annotation, descriptor.parameter_info, value)
+        if plain is _TYPER:
+            return self._typers().coerce(value, param=param, ctx=ctx)
+        return plain
+
+
+def _convert_plain_values(params: List[Any]) -> List[Any]:
+    """Give each typer parameter `_PlainValues` (typer's, created lazily, stays the fallback)."""
+    for param in params:
+        typers = getattr(param, "get_runtime_param", None)
+        if (
+            typers is not None
+            and hasattr(param, "type_descriptor")
+            and "get_runtime_param" not in vars(param)
+        ):
+            plain = _PlainValues(typers)
+            param.get_runtime_param = lambda plain=plain: plain
+    return params
+
+
+class _Command(TyperCommand):
+    """typer's command; its parameters (--help too, made on first use) converted by `_PlainValues`."""
+
+    def get_params(self, ctx: Any) -> List[Any]:
+        return _convert_plain_values(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    """typer's group: its own --help is a parameter too (the commands are `_Command`s)."""
+
+    def get_params(self, ctx: Any) -> List[Any]:
+        return _convert_plain_values(super().get_params(ctx))
+
+
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -194,7 +284,7 @@ def _run_ranks(
 # -- commands -------------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=_Command)
 def run(
     target: str = typer.Argument(
         ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
@@ -275,7 +365,7 @@ def run(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def hooks(
     target: str = typer.Argument(
         ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
@@ -348,7 +438,7 @@ def _inventory_text(trace: Trace, groups: list, live: set[int]) -> Any:
     return text
 
 
-@app.command()
+@app.command(cls=_Command)
 def render(
     trace_file: Path = typer.Argument(..., metavar="TRACE.json", help="A trace written by hooktrace run -o."),
     format: Optional[str] = FORMAT_OPT,
@@ -369,7 +459,7 @@ def render(
         _fail(exc, traceback)
 
 
-@app.command()
+@app.command(cls=_Command)
 def diff(
     a: Path = typer.Argument(..., metavar="A.json", help="The expected trace."),
     b: Path = typer.Argument(..., metavar="B.json", help="The trace to compare with it."),

@@ -510,6 +510,59 @@ def test_help_render_and_diff_do_not_import_torch(tmp_path: Path) -> None:
     assert "CODES [0, 0, 0, 0] TORCH False" in proc.stdout
 
 
+_IMPORTED = """
+import sys
+from hooktrace.cli import main
+code = main(sys.argv[1:])
+print("EXIT", code, "TORCH", "torch" in sys.modules, "PYDANTIC", "pydantic" in sys.modules)
+"""
+
+
+def test_render_and_diff_import_neither_torch_nor_pydantic(tmp_path: Path) -> None:
+    """Issue 5: start-up. typer >= 0.29 converts values with pydantic (~0.1 s to import); cli.py does not."""
+    trace = tmp_path / "t.json"
+    small_trace().save(trace)
+    command_lines = [
+        ["render", str(trace)],
+        ["render", str(trace), "-f", "json", "-o", str(tmp_path / "o.json"), "--depth", "2",
+         "--module", "", "--phase", "forward", "--expand"],
+        ["diff", str(trace), str(trace)],
+    ]  # fmt: skip
+    for args in command_lines:  # one process each, so no command hides what another imports
+        proc = subprocess.run([sys.executable, "-c", _IMPORTED, *args], **RUN_OPTS, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        assert "EXIT 0 TORCH False PYDANTIC False" in proc.stdout, (args, proc.stdout, proc.stderr)
+
+
+def test_values_are_converted_as_typer_converts_them(tmp_path: Path) -> None:
+    """cli.py converts plain values itself (no pydantic); result and error must equal typer's own."""
+    typer_coercion = pytest.importorskip("typer._coercion", reason="typer without its own coercion")
+    import typer.main
+
+    (tmp_path / "dir").mkdir()
+    values = ["5", "007", "+5", " 5 ", "5_0", "1.0", "-1", "0", "1e3", "٣", "x", "", ".5", "5.", ".",
+              "inf", "nan", "a.json", str(tmp_path / "dir"), "\x00x", "~/x", b"abc", None, (),
+              ("8x3", "2"), ["1"], "a", 3, "9" * 5000, "1" * 400]  # fmt: skip
+
+    def outcome(convert: object, value: object, param: object, ctx: object) -> tuple:
+        try:
+            result = convert.coerce(value, param=param, ctx=ctx)  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001  (the error is the outcome to compare)
+            return ("error", type(exc), getattr(exc, "format_message", exc.__str__)())
+        return ("value", type(result), repr(result))
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        ctx = command.make_context(name, [], resilient_parsing=True)
+        for param in command.get_params(ctx):
+            theirs = typer_coercion.build_runtime_param(param.type_descriptor)
+            ours = param.get_runtime_param()
+            assert not isinstance(ours, typer_coercion.RuntimeParam)
+            for value in values:
+                expected = outcome(theirs, value, param, ctx)
+                assert outcome(ours, value, param, ctx) == expected, (name, param.name, value)
+
+
 def test_python_dash_m_and_the_script_agree() -> None:
     proc = subprocess.run([sys.executable, "-m", "hooktrace", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "run" in proc.stdout and "hooks" in proc.stdout
