@@ -21,7 +21,8 @@ from ..trace import ROOT, Event, Hook, Meta, Module, Trace, gc_paused
 from . import registry, shims, sites
 from .registry import CALL_DICTS, GLOBAL_DICTS, MODULE_DICTS, STATE_DICTS, TENSOR_DICTS
 
-_FIXED_PHASE = {
+# The phase of a hook event by kind; None: the phase of the module call it ran in (other kinds: "other").
+_PHASE_OF_KIND = {
     "forward_pre": None,
     "forward": None,
     "backward_pre": shims.BACKWARD,
@@ -49,7 +50,6 @@ _WRAP_AT_REGISTRATION = {kind for _, kind in STATE_DICTS} | {
     "parameter_registration",
     "buffer_registration",
 }
-_SHIM_CODE = shims.make_shim(shims.Recorder(), print, -1, None, None, False).__code__
 
 _HOOK_FIELDS = tuple(f.name for f in dataclasses.fields(Hook))
 
@@ -306,16 +306,16 @@ class TraceSession:
         if known is not None and known[0]() is tensor:
             return ("output of", known[1])
         while frame is not None:
-            if frame.f_code is _SHIM_CODE:
-                local = frame.f_locals
-                args = local.get("args") or ()
-                record = self._records.get(local.get("hook_id"))
+            call = shims.shim_call(frame)
+            if call is not None:
+                hook_id, args, mod = call
+                record = self._records.get(hook_id)
                 kind = record.kind if record else None
                 if kind == "forward" and args and _contains(args[-1], tensor):
-                    return ("output of", local.get("mod"))
+                    return ("output of", mod)
                 if kind in ("forward", "forward_pre") and len(args) > 1 and _contains(args[1], tensor):
-                    return ("input of", local.get("mod"))
-                return ("tensor in", local.get("mod"))
+                    return ("input of", mod)
+                return ("tensor in", mod)
             if frame.f_code in self._run_codes:
                 return ("tensor in", frame.f_locals.get("self"))
             frame = frame.f_back
@@ -366,7 +366,7 @@ class TraceSession:
             self._rec,
             value,
             hid,
-            _FIXED_PHASE.get(kind, shims.OTHER),
+            kind,
             owner,
             scope == "global" or (kind in _MODULE_FIRST and scope == "module"),
         )
@@ -486,19 +486,37 @@ class TraceSession:
         return trace
 
     def _events(self, paths: dict[int, str], hooks: dict[int, Hook]) -> list[Event]:
-        """Compact records -> SPEC events, in `seq` order, renumbered 0.. without gaps."""
+        """Compact records -> SPEC events, in `seq` order, renumbered 0.. without gaps.
+
+        A forward-kind hook takes the phase of the innermost module call open on its thread (it runs
+        inside that call's `_call_impl`): `recompute` when that call started during backward.
+        """
         start = self._start_ns
         starts = self._rec.step_starts
         raw: list[tuple] = []
-        for seq, phase, mod, hid, tid, t0, dur, outcome in self._rec.hooks:
-            hook = hooks[hid]
-            path = (
-                paths.get(id(mod)) if mod is not None else (hook.module if hook.scope == "tensor" else None)
-            )
+        kinds = {
+            hid: (h.kind, _PHASE_OF_KIND.get(h.kind, shims.OTHER), h.scope, h.module)
+            for hid, h in hooks.items()
+        }
+        for seq, hid, tid, t0, t1, outcome, mod in self._rec.hooks:
+            kind, phase, scope, owner_path = kinds[hid]
+            path = paths.get(id(mod)) if mod is not None else (owner_path if scope == "tensor" else None)
             error = outcome if outcome.__class__ is str else None
-            step = bisect_right(starts, seq)
             raw.append(
-                (seq, step, "hook", phase, path, hid, hook.kind, tid, t0 - start, dur, outcome is True, error)
+                (
+                    seq,
+                    bisect_right(starts, seq),
+                    "hook",
+                    phase,
+                    path,
+                    hid,
+                    kind,
+                    tid,
+                    t0 - start,
+                    t1 - t0,
+                    outcome is True,
+                    error,
+                )
             )
         for enter, leave, phase, mod, tid, t0, t1, error in self._rec.calls:
             path = paths.get(id(mod))
@@ -506,7 +524,22 @@ class TraceSession:
             raw.append((enter, step, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
             raw.append((leave, step, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))
         raw.sort(key=lambda r: r[0])
-        return [Event(i, *r[1:]) for i, r in enumerate(raw)]
+        open_calls: dict[int, list[str]] = {}  # thread -> phases of the module calls open on it
+        events = []
+        for i, r in enumerate(raw):
+            kind = r[2]
+            if kind == "hook":
+                if r[3] is None:
+                    stack = open_calls.get(r[7])
+                    r = r[:3] + ((stack[-1] if stack else shims.FORWARD),) + r[4:]
+            elif kind == "enter":
+                open_calls.setdefault(r[7], []).append(r[3])
+            else:
+                stack = open_calls.get(r[7])
+                if stack:
+                    stack.pop()
+            events.append(Event(i, *r[1:]))
+        return events
 
     def _ordered_records(self, model: Any) -> list[_Record]:
         """Hooks in the order PyTorch will fire them: global dicts, then each module's dicts, then the rest."""

@@ -3,11 +3,17 @@
 A shim stands in a hook dict in place of the user's hook while tracing. It records one compact
 tuple per call and returns exactly what the hook returned; exceptions pass through untouched.
 Records are converted to `trace.Event`s only at finalisation:
-    hook call:   (seq, phase, module_or_None, hook_id, thread, start_ns, duration_ns, outcome)
+    hook call:   (seq, hook_id, thread, start_ns, end_ns, outcome, module_or_None)
                  outcome: True/False (returned a value or not), or the error text if it raised
     module call: (enter_seq, exit_seq, phase, module, thread, start_ns, end_ns, error_or_None)
                  one record for the `enter` and the `exit` event
-The step of a record is not stored: `Recorder.step_starts` holds the first seq of each step.
+Neither the step nor a hook's phase is stored: `Recorder.step_starts` holds the first seq of each
+step, and a hook's phase follows from its kind (backward kinds: `backward`; forward kinds: the phase
+of the module call they ran in, which the module-call record has; the rest: `other`).
+
+What a shim call costs, in order: one counter step, two clock reads, one thread ident, one tuple
+appended to a list. The hook kinds PyTorch calls with 1-4 positional arguments (forward, backward
+and tensor hooks) get a shim with that signature, which saves packing `*args, **kwargs` per call.
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ from typing import Any, Callable, Optional
 import torch
 
 FORWARD, BACKWARD, RECOMPUTE, OTHER = "forward", "backward", "recompute", "other"
+
+# Kinds PyTorch calls with one to four positional arguments (module first, except tensor hooks).
+POSITIONAL_KINDS = frozenset(
+    {"forward_pre", "forward", "backward_pre", "backward", "backward_legacy", "grad", "post_accumulate_grad"}
+)
 
 _graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
@@ -36,14 +47,16 @@ def error_text(exc: BaseException) -> str:
 class Recorder:
     """Shared state of one capture that shims write into. Appends are atomic under the GIL."""
 
-    __slots__ = ("hooks", "calls", "seq", "step_starts", "threads")
+    __slots__ = ("hooks", "calls", "seq", "step_starts", "main_thread")
 
     def __init__(self) -> None:
         self.hooks: list[tuple] = []
         self.calls: list[tuple] = []
         self.seq = itertools.count()
         self.step_starts: list[int] = []  # seq at which step 1, 2, ... began
-        self.threads: dict[int, int] = {}  # one int object per thread ident, shared by its records
+        # Records of the thread that started the capture share this one int object (an ident is a
+        # fresh 32-byte int per call); other threads' idents are stored as they come.
+        self.main_thread = threading.get_ident()
 
     def mark_step(self) -> None:
         self.step_starts.append(next(self.seq))
@@ -56,45 +69,93 @@ class Recorder:
         return len(self.hooks) + 2 * len(self.calls)
 
 
-def make_shim(
-    rec: Recorder,
-    fn: Callable[..., Any],
-    hook_id: int,
-    fixed_phase: Optional[str],
-    module: Any,
-    module_from_args: bool,
-) -> Callable[..., Any]:
-    """A pass-through wrapper around `fn` that records one `hook` event per call.
-
-    fixed_phase None means "forward, or recompute when autograd's backward is running".
-    module_from_args: the module is the hook's first argument (global hooks, and module hooks whose
-    PyTorch calling convention passes it), else the bound `module`.
-    """
-    append = rec.hooks.append
-    counter = rec.seq
-    clock = time.perf_counter_ns
-    ident = threading.get_ident
-    thread = rec.threads.setdefault
-    graph_task = _graph_task_id
-
-    def hooktrace_shim(*args: Any, **kwargs: Any) -> Any:
+# The shim's body, compiled once per signature. `CALL` is the call of the wrapped hook.
+_SHIM_SOURCE = """
+def factory(counter, clock, ident, main, append, fn, hook_id, module, from_args, error_text, _N):
+    def hooktrace_shim({params}):
         seq = next(counter)
-        phase = fixed_phase or (FORWARD if graph_task() == -1 else RECOMPUTE)
-        mod = args[0] if module_from_args and args else module
         t0 = clock()
         try:
-            result = fn(*args, **kwargs)
+{call}
         except BaseException as exc:
             t1 = clock()
             tid = ident()
-            append((seq, phase, mod, hook_id, thread(tid, tid), t0, t1 - t0, error_text(exc)))
+            if tid == main:
+                tid = main
+            append((seq, hook_id, tid, t0, t1, error_text(exc), {first} if from_args else module))
             raise
         t1 = clock()
         tid = ident()
-        append((seq, phase, mod, hook_id, thread(tid, tid), t0, t1 - t0, result is not None))
+        if tid == main:
+            tid = main
+        append((seq, hook_id, tid, t0, t1, result is not None, {first} if from_args else module))
         return result
-
     return hooktrace_shim
+"""
+_POSITIONAL_CALL = """\
+            if more:
+                result = fn(a, b, c, d, *more)
+            elif d is not _N:
+                result = fn(a, b, c, d)
+            elif c is not _N:
+                result = fn(a, b, c)
+            elif b is not _N:
+                result = fn(a, b)
+            else:
+                result = fn(a)"""
+_GENERIC_CALL = "            result = fn(*args, **kwargs)"
+
+
+def _compile(params: str, call: str, first: str) -> Callable[..., Callable[..., Any]]:
+    namespace: dict[str, Any] = {}
+    source = _SHIM_SOURCE.format(params=params, call=call, first=first)
+    exec(compile(source, __file__, "exec"), namespace)  # noqa: S102 - fixed template, as namedtuple does
+    return namespace["factory"]
+
+
+_POSITIONAL = _compile("a, b=_N, c=_N, d=_N, *more", _POSITIONAL_CALL, "a")
+_GENERIC = _compile("*args, **kwargs", _GENERIC_CALL, "(args[0] if args else None)")
+_MISSING = object()
+
+
+def make_shim(
+    rec: Recorder, fn: Callable[..., Any], hook_id: int, kind: str, module: Any, module_from_args: bool
+) -> Callable[..., Any]:
+    """A pass-through wrapper around `fn` that records one `hook` event per call.
+
+    module_from_args: the module is the hook's first argument (global hooks, and module hooks whose
+    PyTorch calling convention passes it), else the bound `module`.
+    """
+    factory = _POSITIONAL if kind in POSITIONAL_KINDS else _GENERIC
+    return factory(
+        rec.seq,
+        time.perf_counter_ns,
+        threading.get_ident,
+        rec.main_thread,
+        rec.hooks.append,
+        fn,
+        hook_id,
+        module,
+        module_from_args,
+        error_text,
+        _MISSING,
+    )
+
+
+SHIM_CODES = frozenset(factory(*([None] * 10), _MISSING).__code__ for factory in (_POSITIONAL, _GENERIC))
+
+
+def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
+    """(hook id, arguments, module) of a shim's frame, or None if the frame is not a shim's."""
+    if frame.f_code not in SHIM_CODES:
+        return None
+    local = frame.f_locals
+    if "args" in local:
+        args = tuple(local["args"])
+    else:
+        args = tuple(local[name] for name in "abcd" if local[name] is not _MISSING) + tuple(local["more"])
+    module = (args[0] if args else None) if local["from_args"] else local["module"]
+    return local["hook_id"], args, module
 
 
 def make_call_impl(
@@ -114,7 +175,7 @@ def make_call_impl(
     counter = rec.seq
     clock = time.perf_counter_ns
     ident = threading.get_ident
-    thread = rec.threads.setdefault
+    main = rec.main_thread
     graph_task = _graph_task_id
 
     def hooktrace_call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -127,11 +188,15 @@ def make_call_impl(
         except BaseException as exc:
             t1 = clock()
             tid = ident()
-            append((seq, next(counter), phase, self, thread(tid, tid), t0, t1, error_text(exc)))
+            if tid == main:
+                tid = main
+            append((seq, next(counter), phase, self, tid, t0, t1, error_text(exc)))
             raise
         t1 = clock()
         tid = ident()
-        append((seq, next(counter), phase, self, thread(tid, tid), t0, t1, None))
+        if tid == main:
+            tid = main
+        append((seq, next(counter), phase, self, tid, t0, t1, None))
         if self._backward_pre_hooks or self._backward_hooks or global_pre or global_post:
             on_output(self, result)
         return result
