@@ -475,15 +475,17 @@ def diff(
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Console-script entry point: click's own usage errors become one `error:` line too."""
-    try:  # typer >= 0.24 vendors click
+    try:  # newer typer vendors click
         from typer._click import exceptions as click_exceptions
     except ImportError:
         from click import exceptions as click_exceptions
+    # click < 8.2 has no NoArgsIsHelpError: it prints the help for a bare `hooktrace` and exits 0 itself
+    no_args_is_help = getattr(click_exceptions, "NoArgsIsHelpError", ())
 
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="hooktrace", standalone_mode=False)
-    except click_exceptions.NoArgsIsHelpError as exc:  # bare `hooktrace`: the help, as --help gives it
+    except no_args_is_help as exc:  # bare `hooktrace`: the help, as --help gives it
         print(exc.format_message())
         return EXIT_OK
     except click_exceptions.UsageError as exc:
