@@ -67,6 +67,17 @@ class _Record(Hook):
 
 
 @dataclass
+class _Final:
+    """What the final pass over the model and the global dicts found."""
+
+    paths: dict[int, str] = dataclasses.field(default_factory=dict)  # id(module) -> path
+    modules: list[Module] = dataclasses.field(default_factory=list)
+    params: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # id -> (path, name)
+    order: list[int] = dataclasses.field(default_factory=list)  # hook ids in dict order
+    seen: set[int] = dataclasses.field(default_factory=set)  # ids of the dicts settled
+
+
+@dataclass
 class _Site:
     registered_at: Optional[str]
     registered_by: Optional[str]
@@ -160,12 +171,11 @@ class TraceSession:
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._interceptor.install()
         self._original_call_impl = vars(torch.nn.Module)["_call_impl"]
-        global_backward = (
-            registry.global_dict("_global_backward_pre_hooks") or {},
-            registry.global_dict("_global_backward_hooks") or {},
-        )
+        empty: dict = {}  # a torch without one of these dicts
+        found = (registry.global_dict(attr) for attr, _ in GLOBAL_DICTS[:4])
+        global_dicts = tuple(empty if d is None else d for d in found)
         call_impl = shims.make_call_impl(
-            self._rec, self._original_call_impl, self._before_call, self._on_output, global_backward
+            self._rec, self._original_call_impl, self._before_call, self._on_output, global_dicts
         )
         torch.nn.Module._call_impl = call_impl
         self._run_codes = {call_impl.__code__}
@@ -184,6 +194,7 @@ class TraceSession:
 
     def _finish_now(self) -> None:
         global _ACTIVE
+        final: Optional[_Final] = None
         try:
             if self._original_call_impl is not None:
                 torch.nn.Module._call_impl = self._original_call_impl
@@ -191,25 +202,92 @@ class TraceSession:
             if self._interceptor is not None:
                 self._interceptor.restore()
             if self._active:
-                self._final_inventory()
+                final = self._final_pass()
         finally:
-            self._restore_dicts()
+            self._restore_dicts(walk_model=final is None)
             _ACTIVE = None
             self._active = False
         try:
-            self._trace = self._build_trace()
+            self._trace = self._build_trace(final or self._final_pass())
         finally:
             self._release()
 
-    def _restore_dicts(self) -> None:
-        """Every dict we touched gets its original objects back, in place: same ids, same order."""
+    def _final_pass(self) -> _Final:
+        """One walk over the model and the global dicts at the end of the capture.
+
+        Hooks that never fired still belong in the trace, and the final dict order proves prepends:
+        every hook dict gets a record for each hook it holds and its original objects back, in place
+        (same ids, same order); the walk also gives module paths, parameter names and the hooks in
+        the order PyTorch fires them (global dicts, then each module's, then the parameters').
+        """
+        final = _Final()
+        for attr, kind in GLOBAL_DICTS:
+            d = registry.global_dict(attr)
+            if d is not None:
+                self._settle(d, kind, None, "global", final)
+        model = self._model
+        if isinstance(model, torch.nn.Module):
+            params: list[tuple[Any, str]] = []
+            for path, module in model.named_modules():
+                final.paths[id(module)] = path
+                final.modules.append(Module(path, type(module).__name__))
+                md = module.__dict__
+                for attr, kind in MODULE_DICTS:
+                    d = md.get(attr)
+                    if d is not None:
+                        self._settle(d, kind, module, "module", final)
+                for pname, param in md.get("_parameters", {}).items():
+                    if param is not None and id(param) not in final.params:
+                        final.params[id(param)] = (path, pname)
+                        params.append((param, pname))
+            for param, _ in params:  # after every module's dicts, as `model.parameters()` would come
+                for attr, kind in TENSOR_DICTS:
+                    d = getattr(param, attr, None)
+                    if d is not None:
+                        self._settle(d, kind, None, "tensor", final, tensor=param)
+        for dict_ref, kind, tensor_ref in self._tensor_dicts:
+            d = dict_ref()
+            if d is not None:
+                self._settle(d, kind, None, "tensor", final, tensor=tensor_ref() if tensor_ref else None)
+        for _shim_ref, dict_ref, _hid in list(self._shims.values()):  # dicts outside the model now
+            d = dict_ref()
+            if d is not None and id(d) not in final.seen:
+                self._infer_prepends(d)
+        return final
+
+    def _settle(self, d: dict, kind: str, owner: Any, scope: str, final: _Final, tensor: Any = None) -> None:
+        """Record every hook in `d`, infer prepends from its order, put the original objects back."""
+        if id(d) in final.seen or not d:
+            return
+        final.seen.add(id(d))
+        if kind == "backward" and scope != "tensor":
+            kind = registry.backward_kind(owner)
+        shims_table = self._shims
+        for hid, value in list(d.items()):
+            entry = shims_table.get(id(value))
+            if entry is not None and entry[0]() is value:
+                d[hid] = value.__wrapped__
+            elif hid not in self._records:
+                record = self._new_record(hid, value, kind, owner, scope)
+                if tensor is not None:
+                    record.tensor_ref = _weak(tensor)
+            final.order.append(hid)
+        self._infer_prepends(d)
+
+    def _restore_dicts(self, walk_model: bool) -> None:
+        """Every dict we touched gets its original objects back, in place: same ids, same order.
+
+        After `_final_pass` only dicts outside the model (a module removed from it, a tensor's) can
+        still hold shims; without it (the capture failed on its way in or out) look everywhere.
+        """
         dicts: dict[int, dict] = {}
         for _shim_ref, dict_ref, _hid in list(self._shims.values()):
             d = dict_ref()
             if d is not None:
                 dicts[id(d)] = d
-        for d in self._all_known_dicts():
-            dicts[id(d)] = d
+        if walk_model:
+            for d in self._all_known_dicts():
+                dicts[id(d)] = d
         for d in dicts.values():
             for hid, value in list(d.items()):
                 entry = self._shims.get(id(value))
@@ -426,15 +504,22 @@ class TraceSession:
                 self._keep.setdefault(id(module), module)
 
     def _inventory_model(self, model: Any) -> None:
+        """Wrap every hook the model and the global dicts hold now, in one walk over the model."""
         if not isinstance(model, torch.nn.Module):
             return
-        self._refresh_paths()
-        for module in model.modules():
+        params: dict[int, Any] = {}
+        for path, module in model.named_modules():
+            self._paths[id(module)] = path
+            self._keep.setdefault(id(module), module)
+            md = module.__dict__
             for attr, kind in MODULE_DICTS:
-                d = module.__dict__.get(attr)
+                d = md.get(attr)
                 if d:
                     self._wrap_dict(d, kind, module, "module")
-        for param in model.parameters():
+            for param in md.get("_parameters", {}).values():
+                if param is not None:
+                    params.setdefault(id(param), param)
+        for param in params.values():
             for attr, kind in TENSOR_DICTS:
                 d = getattr(param, attr, None)
                 if d:
@@ -444,35 +529,11 @@ class TraceSession:
             if d:
                 self._wrap_dict(d, kind, None, "global")
 
-    def _final_inventory(self) -> None:
-        """Hooks that never fired still belong in the trace; the final dict order proves prepends."""
-        if self._model is not None:
-            self._inventory_model(self._model)
-        for dict_ref, kind, tensor_ref in self._tensor_dicts:
-            d = dict_ref()
-            if d:
-                self._wrap_dict(d, kind, None, "tensor", tensor=tensor_ref() if tensor_ref else None)
-        for _shim_ref, dict_ref, _hid in list(self._shims.values()):
-            d = dict_ref()
-            if d is not None:
-                self._infer_prepends(d)
-
     # -- finalisation --------------------------------------------------------------------
-    def _build_trace(self) -> Trace:
+    def _build_trace(self, final: _Final) -> Trace:
         model = self._model
-        final_paths: dict[int, str] = {}
-        modules: list[Module] = []
-        params: dict[int, tuple[str, str]] = {}
-        if isinstance(model, torch.nn.Module):
-            for path, module in model.named_modules():
-                final_paths[id(module)] = path
-                modules.append(Module(path, type(module).__name__))
-                for pname, param in module._parameters.items():
-                    if param is not None:
-                        params.setdefault(id(param), (path, pname))
-        paths = {**self._paths, **final_paths}
-
-        hooks = [self._to_hook(r, paths, params) for r in self._ordered_records(model)]
+        paths = {**self._paths, **final.paths}
+        hooks = [self._to_hook(r, paths, final.params) for r in self._ordered_records(final.order)]
         events = self._events(paths, {h.id: h for h in hooks})
         meta = self._meta
         meta.torch = torch.__version__
@@ -481,7 +542,7 @@ class TraceSession:
         meta.device = _device_of(model)
         for key, value in self._meta_overrides.items():
             setattr(meta, key, value)
-        trace = Trace(meta=meta, modules=modules, hooks=hooks, events=events)
+        trace = Trace(meta=meta, modules=final.modules, hooks=hooks, events=events)
         trace.surprises = find_surprises(trace)
         return trace
 
@@ -541,24 +602,13 @@ class TraceSession:
             events.append(Event(i, *r[1:]))
         return events
 
-    def _ordered_records(self, model: Any) -> list[_Record]:
-        """Hooks in the order PyTorch will fire them: global dicts, then each module's dicts, then the rest."""
-        order: list[int] = []
-        for attr, _ in GLOBAL_DICTS:
-            order.extend(registry.global_dict(attr) or ())
-        if isinstance(model, torch.nn.Module):
-            for module in model.modules():
-                for attr, _ in MODULE_DICTS:
-                    order.extend(module.__dict__.get(attr) or ())
-            for param in model.parameters():
-                for attr, _ in TENSOR_DICTS:
-                    order.extend(getattr(param, attr, None) or ())
-        seen: set[int] = set()
+    def _ordered_records(self, order: list[int]) -> list[_Record]:
+        """Hooks in the order PyTorch will fire them (the final pass's order), then the rest by id."""
+        records = self._records
         ordered = []
-        for hid in order + sorted(self._records):
-            record = self._records.get(hid)
-            if record is not None and hid not in seen:
-                seen.add(hid)
+        for hid in dict.fromkeys(order + sorted(records)):
+            record = records.get(hid)
+            if record is not None:
                 ordered.append(record)
         return ordered
 

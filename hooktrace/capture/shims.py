@@ -44,34 +44,11 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class Recorder:
-    """Shared state of one capture that shims write into. Appends are atomic under the GIL."""
-
-    __slots__ = ("hooks", "calls", "seq", "step_starts", "main_thread")
-
-    def __init__(self) -> None:
-        self.hooks: list[tuple] = []
-        self.calls: list[tuple] = []
-        self.seq = itertools.count()
-        self.step_starts: list[int] = []  # seq at which step 1, 2, ... began
-        # Records of the thread that started the capture share this one int object (an ident is a
-        # fresh 32-byte int per call); other threads' idents are stored as they come.
-        self.main_thread = threading.get_ident()
-
-    def mark_step(self) -> None:
-        self.step_starts.append(next(self.seq))
-
-    @property
-    def steps(self) -> int:
-        return len(self.step_starts) + 1
-
-    def __len__(self) -> int:
-        return len(self.hooks) + 2 * len(self.calls)
-
-
-# The shim's body, compiled once per signature. `CALL` is the call of the wrapped hook.
+# The shim's body. What every shim of one capture shares (`counter`, `clock`, `ident`, `main`,
+# `append`, `error_text`, `_N`) are globals of a namespace made per Recorder; a shim's own closure
+# holds only `fn`, `hook_id`, `module`, `from_args` (fewer objects per wrapped hook).
 _SHIM_SOURCE = """
-def factory(counter, clock, ident, main, append, fn, hook_id, module, from_args, error_text, _N):
+def factory(fn, hook_id, module, from_args):
     def hooktrace_shim({params}):
         seq = next(counter)
         t0 = clock()
@@ -105,17 +82,57 @@ _POSITIONAL_CALL = """\
                 result = fn(a)"""
 _GENERIC_CALL = "            result = fn(*args, **kwargs)"
 
-
-def _compile(params: str, call: str, first: str) -> Callable[..., Callable[..., Any]]:
-    namespace: dict[str, Any] = {}
-    source = _SHIM_SOURCE.format(params=params, call=call, first=first)
-    exec(compile(source, __file__, "exec"), namespace)  # noqa: S102 - fixed template, as namedtuple does
-    return namespace["factory"]
-
-
-_POSITIONAL = _compile("a, b=_N, c=_N, d=_N, *more", _POSITIONAL_CALL, "a")
-_GENERIC = _compile("*args, **kwargs", _GENERIC_CALL, "(args[0] if args else None)")
+# fixed templates compiled once, as namedtuple and dataclasses do
+_POSITIONAL_CODE = compile(
+    _SHIM_SOURCE.format(params="a, b=_N, c=_N, d=_N, *more", call=_POSITIONAL_CALL, first="a"),
+    __file__,
+    "exec",
+)
+_GENERIC_CODE = compile(
+    _SHIM_SOURCE.format(params="*args, **kwargs", call=_GENERIC_CALL, first="(args[0] if args else None)"),
+    __file__,
+    "exec",
+)
 _MISSING = object()
+
+
+class Recorder:
+    """Shared state of one capture that shims write into. Appends are atomic under the GIL."""
+
+    __slots__ = ("hooks", "calls", "seq", "step_starts", "main_thread", "_factories")
+
+    def __init__(self) -> None:
+        self.hooks: list[tuple] = []
+        self.calls: list[tuple] = []
+        self.seq = itertools.count()
+        self.step_starts: list[int] = []  # seq at which step 1, 2, ... began
+        # Records of the thread that started the capture share this one int object (an ident is a
+        # fresh 32-byte int per call); other threads' idents are stored as they come.
+        self.main_thread = threading.get_ident()
+        shared = {
+            "counter": self.seq,
+            "clock": time.perf_counter_ns,
+            "ident": threading.get_ident,
+            "main": self.main_thread,
+            "append": self.hooks.append,
+            "error_text": error_text,
+            "_N": _MISSING,
+        }
+        self._factories = []
+        for code in (_POSITIONAL_CODE, _GENERIC_CODE):
+            namespace = dict(shared)
+            exec(code, namespace)  # noqa: S102 - defines `factory` over this capture's shared state
+            self._factories.append(namespace["factory"])
+
+    def mark_step(self) -> None:
+        self.step_starts.append(next(self.seq))
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_starts) + 1
+
+    def __len__(self) -> int:
+        return len(self.hooks) + 2 * len(self.calls)
 
 
 def make_shim(
@@ -126,23 +143,12 @@ def make_shim(
     module_from_args: the module is the hook's first argument (global hooks, and module hooks whose
     PyTorch calling convention passes it), else the bound `module`.
     """
-    factory = _POSITIONAL if kind in POSITIONAL_KINDS else _GENERIC
-    return factory(
-        rec.seq,
-        time.perf_counter_ns,
-        threading.get_ident,
-        rec.main_thread,
-        rec.hooks.append,
-        fn,
-        hook_id,
-        module,
-        module_from_args,
-        error_text,
-        _MISSING,
-    )
+    positional, generic = rec._factories
+    factory = positional if kind in POSITIONAL_KINDS else generic
+    return factory(fn, hook_id, module, module_from_args)
 
 
-SHIM_CODES = frozenset(factory(*([None] * 10), _MISSING).__code__ for factory in (_POSITIONAL, _GENERIC))
+SHIM_CODES = frozenset(factory(None, -1, None, False).__code__ for factory in Recorder()._factories)
 
 
 def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
@@ -163,14 +169,17 @@ def make_call_impl(
     original: Callable[..., Any],
     before_call: Callable[[Any], None],
     on_output: Callable[[Any, Any], None],
-    global_backward: tuple[dict, dict],
+    global_dicts: tuple[dict, dict, dict, dict],
 ) -> Callable[..., Any]:
     """Replacement for `nn.Module._call_impl`: wraps new hooks, records `enter` and `exit`.
 
-    `on_output(module, result)` sees the output of modules with full backward hooks, so tensor
-    hooks registered on it later can be named "output of <module>".
+    `before_call(module)` wraps hooks that appeared in the module's or the global call dicts
+    (`global_dicts`: forward pre, forward, backward pre, backward); it is skipped for modules the
+    original `_call_impl` would run without hooks. `on_output(module, result)` sees the output of
+    modules with full backward hooks, so tensor hooks registered on it later can be named
+    "output of <module>".
     """
-    global_pre, global_post = global_backward
+    g_fwd_pre, g_fwd, g_bwd_pre, g_bwd = global_dicts
     append = rec.calls.append
     counter = rec.seq
     clock = time.perf_counter_ns
@@ -179,7 +188,17 @@ def make_call_impl(
     graph_task = _graph_task_id
 
     def hooktrace_call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before_call(self)
+        if (
+            self._forward_pre_hooks
+            or self._forward_hooks
+            or self._backward_pre_hooks
+            or self._backward_hooks
+            or g_fwd_pre
+            or g_fwd
+            or g_bwd_pre
+            or g_bwd
+        ):
+            before_call(self)
         seq = next(counter)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         t0 = clock()
@@ -197,7 +216,7 @@ def make_call_impl(
         if tid == main:
             tid = main
         append((seq, next(counter), phase, self, tid, t0, t1, None))
-        if self._backward_pre_hooks or self._backward_hooks or global_pre or global_post:
+        if self._backward_pre_hooks or self._backward_hooks or g_bwd_pre or g_bwd:
             on_output(self, result)
         return result
 

@@ -8,7 +8,7 @@ import os
 import site
 import sys
 import sysconfig
-from types import FrameType
+from types import FrameType, FunctionType
 from typing import Any, Optional
 
 import torch
@@ -57,6 +57,9 @@ def display_path(filename: str) -> str:
     return path
 
 
+_FUNCTION = FunctionType
+
+
 def _unwrap_callable(fn: Any) -> Any:
     """Peel PyTorch's `_WrappedHook` (load_state_dict pre-hooks, legacy backward hooks)."""
     for _ in range(8):
@@ -69,6 +72,8 @@ def _unwrap_callable(fn: Any) -> Any:
 
 def hook_name(fn: Any) -> str:
     """`__qualname__`; bound methods `Class.method`; partial as `partial(<f>)`; objects: their class."""
+    if type(fn) is _FUNCTION:  # the common case, without the checks below
+        return fn.__qualname__
     fn = _unwrap_callable(fn)
     if isinstance(fn, functools.partial):
         return f"partial({hook_name(fn.func)})"
@@ -104,9 +109,17 @@ def _code_of(fn: Any) -> Any:
 
 def defined_at(fn: Any) -> Optional[str]:
     """`file:line` of the callable's code, following `__wrapped__`; None for builtins."""
+    if type(fn) is _FUNCTION and "__wrapped__" not in fn.__dict__:  # the common case
+        return _where(fn.__code__)
     code = _code_of(fn)
     if code is None:
         return None
+    return _where(code)
+
+
+@functools.lru_cache(maxsize=4096)
+def _where(code: Any) -> str:
+    """Hooks made in a loop share their code object: compute its place once."""
     return f"{display_path(code.co_filename)}:{code.co_firstlineno}"
 
 
