@@ -7,12 +7,15 @@ renderers can be tested with hand-built traces.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import gzip
 import json
 import operator
 import os
+import zlib
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterable, Iterator, NamedTuple, Optional
+from typing import IO, Any, Iterable, Iterator, NamedTuple, Optional
 
 try:  # optional speed-up for large traces: pip install hooktrace[fast]
     import orjson as _orjson
@@ -33,6 +36,11 @@ BACKWARD_KINDS = ("backward_pre", "backward", "backward_legacy") + TENSOR_KINDS
 SCOPES = ("module", "global", "tensor")
 PHASES = ("forward", "backward", "recompute", "other")
 EVENT_TYPES = ("hook", "enter", "exit")
+
+SAVE_CHUNK = 4096  # events encoded at a time by `save`
+LOAD_CHUNK_BYTES = 1 << 20  # `load` decodes the events of larger files about this many bytes at a time
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_LEVEL = 1  # `save("x.json.gz")`: fastest level; trace JSON compresses well even so
 
 
 class TraceFormatError(ValueError):
@@ -125,15 +133,48 @@ _event_fields = operator.itemgetter(*EVENT_FIELDS)
 
 def _events(items: list) -> list[Event]:
     """Events from their JSON objects: a C-level field pick per event; the slow path explains errors."""
-    make = tuple.__new__
-    n = len(EVENT_FIELDS)
-    try:
-        events = [make(Event, _event_fields(d)) for d in items if len(d) == n]
-    except (KeyError, TypeError):
-        events = []
-    if len(events) != len(items):
+    events = _events_fast(items)
+    if events is None:
         return [_event(e, i) for i, e in enumerate(items)]
     return events
+
+
+def _events_fast(items: list) -> Optional[list[Event]]:
+    """Events from JSON objects that all have exactly the twelve fields, or None (then the caller
+    takes the slow path). No per-event Python code: the whole pass is `map` over C functions."""
+    try:
+        if items and set(map(len, items)) != {len(EVENT_FIELDS)}:
+            return None
+        return list(map(_make_event, map(_event_fields, items)))
+    except (KeyError, TypeError):  # a field missing or misnamed, or an event that is not an object
+        return None
+
+
+_make_event = functools.partial(tuple.__new__, Event)  # Event._make is a Python function in 3.11
+
+
+def _event_dicts(events: Iterable[Event]) -> list[dict[str, Any]]:
+    """The SPEC objects of `events`: a dict literal per event (faster than dict(zip(...)))."""
+    try:
+        return [
+            {
+                "seq": seq,
+                "step": step,
+                "type": type_,
+                "phase": phase,
+                "module": module,
+                "hook": hook,
+                "kind": kind,
+                "thread": thread,
+                "start_ns": start_ns,
+                "duration_ns": duration_ns,
+                "returned": returned,
+                "error": error,
+            }
+            for seq, step, type_, phase, module, hook, kind, thread, start_ns, duration_ns, returned, error in events
+        ]
+    except (TypeError, ValueError):  # not 12-tuples (hand-built traces): pair what there is
+        return [dict(zip(EVENT_FIELDS, e)) for e in events]
 
 
 def _event(data: Any, index: int) -> Event:
@@ -187,7 +228,7 @@ class Trace:
             "meta": asdict(self.meta),
             "modules": [asdict(m) for m in self.modules],
             "hooks": [asdict(h) for h in self.hooks],
-            "events": [dict(zip(EVENT_FIELDS, e)) for e in self.events],
+            "events": _event_dicts(self.events),
             "surprises": [asdict(s) for s in self.surprises],
         }
 
@@ -218,10 +259,33 @@ class Trace:
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the trace as JSON (SPEC §4); orjson is used when installed (hooktrace[fast])."""
-        with gc_paused(), open(path, "wb") as fh:
-            fh.write(dumps(self.to_dict()))
-            fh.write(b"\n")
+        """Write the trace as JSON (SPEC §4); orjson is used when installed (hooktrace[fast]).
+
+        The bytes are those of `dumps(self.to_dict())` plus a newline, written a slice of events at
+        a time, so a million events never exist as a million dicts at once. A path ending in
+        ``.gz`` gets the same JSON gzip-compressed (opt-in; `load` reads either).
+        """
+        with gc_paused(), _open_for_writing(path) as fh:
+            for part in self._json_parts():
+                fh.write(part)
+
+    def _json_parts(self) -> Iterator[bytes]:
+        head = dumps(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "meta": asdict(self.meta),
+                "modules": [asdict(m) for m in self.modules],
+                "hooks": [asdict(h) for h in self.hooks],
+            }
+        )
+        yield head[:-1] + b',"events":['  # the encoders are compact: the object ends with its "}"
+        events = self.events
+        for start in range(0, len(events), SAVE_CHUNK):
+            if start:
+                yield b","
+            yield dumps(_event_dicts(events[start : start + SAVE_CHUNK]))[1:-1]
+        yield b'],"surprises":' + dumps([asdict(s) for s in self.surprises]) + b"}\n"
 
     def __repr__(self) -> str:
         return (
@@ -294,12 +358,68 @@ def loads(raw: bytes) -> Any:
 
 
 def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace written by `Trace.save`; TraceFormatError for anything else."""
+    """Read a trace written by `Trace.save` (plain or gzip-compressed JSON, whatever the file's name);
+    TraceFormatError for anything else."""
     with open(path, "rb") as fh:
         raw = fh.read()
     with gc_paused():
+        if raw[:2] == GZIP_MAGIC:
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise TraceFormatError(f"{os.fspath(path)} is not a readable gzip file: {exc}") from None
+        trace = _load_large(raw) if len(raw) >= LOAD_CHUNK_BYTES else None
+        if trace is not None:
+            return trace
         try:
             data = loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and orjson's error are ValueErrors
             raise TraceFormatError(f"{os.fspath(path)} is not valid JSON: {exc}") from None
         return Trace.from_dict(data)
+
+
+_EVENTS_START = b'"events":[{"seq":'  # a key "events" whose array opens with an event object
+_EVENTS_END = b'}],"surprises":'  # the last event's "}", the array's "]", then the next key
+_EVENT_SPLIT = b'},{"seq":'  # between two events
+
+
+def _load_large(raw: bytes) -> Optional[Trace]:
+    """A large trace in compact layout (what `save` writes), its events decoded a slice at a time so
+    that no more than a slice's worth of dicts exists at once. None when the layout is anything else
+    or anything is wrong: the caller then decodes the whole document, which explains errors.
+
+    The three markers contain an unescaped quote, so they cannot occur inside a JSON string; the
+    rest of the document (everything but the events) is decoded and checked as usual, and each
+    slice of events must decode on its own, so a file this misreads would not be valid JSON.
+    """
+    start = raw.find(_EVENTS_START)
+    end = raw.rfind(_EVENTS_END)
+    if start < 0 or end < start:
+        return None
+    first = start + len(_EVENTS_START) - len(b'{"seq":')  # the first event's "{"
+    try:
+        rest = loads(raw[:first] + raw[end + 1 :])  # the document with an empty events array
+        if not isinstance(rest, dict) or rest.get("events") != []:
+            return None
+        trace = Trace.from_dict(rest)
+        view = memoryview(raw)
+        events: list[Event] = []
+        pos = first
+        while pos <= end:
+            cut = raw.find(_EVENT_SPLIT, pos + LOAD_CHUNK_BYTES, end + 1)
+            stop = end + 1 if cut < 0 else cut + 1
+            piece = _events_fast(loads(b"[" + view[pos:stop] + b"]"))
+            if piece is None:
+                return None
+            events += piece
+            pos = stop + 1
+    except (ValueError, UnicodeDecodeError, TraceFormatError):
+        return None
+    trace.events = events
+    return trace
+
+
+def _open_for_writing(path: str | os.PathLike[str]) -> IO[bytes]:
+    if os.fspath(path).endswith(".gz"):
+        return gzip.open(path, "wb", compresslevel=GZIP_LEVEL)  # type: ignore[return-value]
+    return open(path, "wb")

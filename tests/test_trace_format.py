@@ -91,3 +91,113 @@ def test_binary_file_is_a_format_error(tmp_path):
     path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(TraceFormatError):
         load(path)
+
+
+# -- large traces: chunked writing, sliced reading, gzip -------------------------------------------------
+
+
+def many(n: int = 40) -> Trace:
+    """`sample()` with n events whose strings contain what the sliced reader looks for."""
+    t = sample()
+    tricky = ['},{"seq":', '"events":[{"seq":', '}],"surprises":', "naïve ✓", "back\\slash", 'q"uote']
+    t.events = [
+        Event(i, i // 10, "hook", "forward", f"m{i % 3}", 3, "forward_pre", 7, 5 * i, 2, i % 2 == 0, None)
+        if i % 4
+        else Event(i, i // 10, "exit", "backward", None, None, None, 7, 5 * i, 0, False, tricky[i % 6])
+        for i in range(n)
+    ]
+    return t
+
+
+@pytest.fixture(params=["orjson", "stdlib"])
+def encoder(request, monkeypatch):
+    if request.param == "stdlib":
+        monkeypatch.setattr(trace_module, "_orjson", None)
+    elif trace_module._orjson is None:
+        pytest.skip("orjson is not installed")
+    return request.param
+
+
+@pytest.fixture
+def small_slices(monkeypatch):
+    """Exercise the chunked writer and the sliced reader on small traces."""
+    monkeypatch.setattr(trace_module, "SAVE_CHUNK", 3)
+    monkeypatch.setattr(trace_module, "LOAD_CHUNK_BYTES", 64)
+
+
+def test_chunked_save_writes_the_bytes_of_one_document(tmp_path, encoder, small_slices):
+    t = many()
+    t.save(tmp_path / "t.json")
+    raw = (tmp_path / "t.json").read_bytes()
+    assert raw == trace_module.dumps(t.to_dict()) + b"\n"
+    data = json.loads(raw)
+    assert list(data) == ["format", "version", "meta", "modules", "hooks", "events", "surprises"]
+    assert all(list(e) == list(Event._fields) for e in data["events"])
+
+
+def test_sliced_load_round_trips(tmp_path, encoder, small_slices):
+    for n in (0, 1, 2, 40, 200):
+        t = many(n)
+        t.save(tmp_path / "t.json")
+        loaded = load(tmp_path / "t.json")
+        assert loaded.to_dict() == t.to_dict()
+        assert loaded.events == t.events and all(type(e) is Event for e in loaded.events)
+        sliced = trace_module._load_large((tmp_path / "t.json").read_bytes())
+        assert (sliced is None) == (n == 0)  # an empty events array is read whole
+        assert sliced is None or sliced.to_dict() == t.to_dict()
+
+
+def test_sliced_load_needs_no_particular_layout(tmp_path, encoder, small_slices):
+    """Other writers: keys in another order, spaces, indentation, top-level keys reordered."""
+    t = many()
+    path = tmp_path / "t.json"
+    data = t.to_dict()
+    for text in (
+        json.dumps(data, sort_keys=True, separators=(",", ":")),
+        json.dumps(data),
+        json.dumps(data, indent=2),
+        json.dumps({k: data[k] for k in reversed(list(data))}, separators=(",", ":")),
+    ):
+        path.write_text(text)
+        assert load(path).to_dict() == data
+
+
+def test_sliced_load_reports_bad_events_like_the_whole_document(tmp_path, small_slices):
+    data = many().to_dict()
+    del data["events"][30]["error"]
+    path = tmp_path / "t.json"
+    path.write_bytes(trace_module.dumps(data))
+    with pytest.raises(TraceFormatError, match=r"events\[30\]"):
+        load(path)
+    path.write_bytes(trace_module.dumps(data)[:-40])  # cut short
+    with pytest.raises(TraceFormatError, match="not valid JSON"):
+        load(path)
+
+
+def test_gzip_is_opt_in_by_file_name(tmp_path, encoder, small_slices):
+    import gzip
+
+    t = many()
+    t.save(tmp_path / "t.json.gz")
+    raw = (tmp_path / "t.json.gz").read_bytes()
+    assert raw[:2] == b"\x1f\x8b"
+    assert json.loads(gzip.decompress(raw)) == t.to_dict()  # the same SPEC JSON inside
+    assert load(tmp_path / "t.json.gz").to_dict() == t.to_dict()
+    (tmp_path / "renamed.json").write_bytes(raw)  # read by its content, not its name
+    assert load(tmp_path / "renamed.json").to_dict() == t.to_dict()
+    t.save(tmp_path / "plain.json")
+    assert (tmp_path / "plain.json").read_bytes()[:1] == b"{"
+
+
+def test_broken_gzip_is_a_format_error(tmp_path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    with pytest.raises(TraceFormatError, match="gzip"):
+        load(path)
+
+
+def test_events_given_as_plain_tuples_are_saved(tmp_path):
+    t = sample()
+    t.events = [tuple(e) for e in t.events]
+    t.save(tmp_path / "t.json")
+    assert load(tmp_path / "t.json").events == sample().events
