@@ -195,3 +195,103 @@ def test_real_runs() -> None:
     assert "moved" in kinds(d) and "flags" in kinds(d)
     assert "module '0', forward_pre hooks" in str(d.first_divergence)
     assert "'_tiny_run.<locals>.early'" in str(d.first_divergence)
+
+
+# -- long lists: a module called thousands of times in one step ----------------------------------------
+
+
+def looped(calls: int, swapped: frozenset[int] = frozenset()) -> Trace:
+    """One step in which `fc` is called `calls` times, its pre-hooks 'a' then 'b' (swapped in the calls
+    listed)."""
+    b = Builder(("fc", "Linear"))
+    ha, hb = b.hook("forward_pre", "fc", "a"), b.hook("forward_pre", "fc", "b")
+    for c in range(calls):
+        b.enter("fc")
+        for h in (hb, ha) if c in swapped else (ha, hb):
+            b.fire(h, "fc")
+        b.exit("fc")
+    return b.trace()
+
+
+def moved_positions(d: TraceDiff) -> list[str]:
+    return [x.detail.split(" moved ")[1] for x in d.differences if x.change == "moved"]
+
+
+def test_few_changes_in_a_long_list_are_found_exactly() -> None:
+    a = looped(3000)
+    swapped = (5, 1700, 2999)
+    d = diff_traces(a, looped(3000, frozenset(swapped)))
+    assert kinds(d) == ["moved"] * 3
+    # call c has its hooks at positions 2c + 1 and 2c + 2: each swap is one hook moved by one place
+    moves = [tuple(int(w) for w in m.split()[2:5:2]) for m in moved_positions(d)]  # "from position P to Q"
+    assert sorted(tuple(sorted(m)) for m in moves) == [(2 * c + 1, 2 * c + 2) for c in swapped]
+    assert all(m.endswith("of 6000") for m in moved_positions(d))
+    assert "expected 'a' at position 11, got 'b'" in str(d.first_divergence)
+
+
+def test_many_changes_in_a_long_list_are_each_explained_in_place() -> None:
+    """Every other call changed (no timing asserted; this used to build a 6000 x 6000 table)."""
+    a = looped(3000)
+    b = looped(3000, frozenset(range(0, 3000, 2)))
+    d = diff_traces(a, b)
+    assert kinds(d) == ["moved"] * 1500
+    moves = [tuple(sorted(int(w) for w in m.split()[2:5:2])) for m in moved_positions(d)]
+    assert sorted(moves) == [(2 * c + 1, 2 * c + 2) for c in range(0, 3000, 2)]
+
+
+def test_long_differing_stretches_fall_back_to_pairing_calls(monkeypatch: Any) -> None:
+    """Past Myers' edit budget and the table's size, k-th calls are paired: still a valid report."""
+    from hooktrace.analysis import diff as D
+
+    monkeypatch.setattr(D, "LCS_MAX_EDITS", 0)
+    monkeypatch.setattr(D, "LCS_TABLE_CELLS", 0)
+    b = Builder(("fc", "Linear"))
+    hs = [b.hook("forward_pre", "fc", name) for name in "abcdef"]
+    b.enter("fc")
+    for h in hs:
+        b.fire(h, "fc")
+    b.exit("fc")
+    a = b.trace()
+    order = [a.events[0], *a.events[2:7], a.events[1], a.events[7]]  # 'a' last
+    d = diff_traces(a, renumber(a, order))
+    assert kinds(d) == ["moved"] and "'a' moved from position 1 to 6 of 6" in str(d.first_divergence)
+
+
+def test_longest_common_subsequence_variants_agree_with_brute_force() -> None:
+    import random
+
+    from hooktrace.analysis import diff as D
+
+    def lcs_length(a: list[int], b: list[int]) -> int:
+        row = [0] * (len(b) + 1)
+        for x in a:
+            prev = 0
+            for j, y in enumerate(b):
+                prev, row[j + 1] = row[j + 1], prev + 1 if x == y else max(row[j + 1], row[j])
+        return row[-1]
+
+    def common(a: list[int], b: list[int], pairs: list[tuple[int, int]]) -> bool:
+        ordered = all(i1 < i2 and j1 < j2 for (i1, j1), (i2, j2) in zip(pairs, pairs[1:]))
+        return ordered and all(a[i] == b[j] for i, j in pairs)
+
+    rng = random.Random(5)
+    for _ in range(2000):
+        alphabet = rng.randint(1, 6)
+        a = [rng.randrange(alphabet) for _ in range(rng.randint(0, 25))]
+        if rng.random() < 0.5:
+            b = a[:]
+            for _ in range(rng.randint(0, 3)):
+                if b:
+                    i, j = rng.randrange(len(b)), rng.randrange(len(b))
+                    b[i], b[j] = b[j], b[i]
+        else:
+            b = [rng.randrange(alphabet) for _ in range(rng.randint(0, 25))]
+        best = lcs_length(a, b)
+        for pairs in (D._lcs_table(a, b), D._lcs_myers(a, b, 50), D._lcs(a, b)):  # type: ignore[arg-type]
+            assert pairs is not None and len(pairs) == best and common(a, b, pairs)
+        capped = D._lcs_myers(a, b, 2)  # type: ignore[arg-type]
+        assert capped is None or len(capped) == best
+        paired = D._lcs_by_occurrence(a, b)  # type: ignore[arg-type]
+        assert common(a, b, paired) and len(paired) <= best
+        if len(set(a)) == len(a) and len(set(b)) == len(b):
+            assert len(paired) == best  # exact when nothing repeats

@@ -9,14 +9,22 @@ hook added, removed, moved, fired a different number of times, or whose flags or
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from itertools import repeat
+from typing import Callable, Optional, Sequence
 
-from ..trace import ROOT, Event, Trace
+from ..trace import ROOT, Event, Trace, gc_paused
 
 FLAGS = ("prepend", "with_kwargs", "always_call")
 CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flags")
+# Longest common subsequence of two differing lists of one (step, phase, module, kind): exact by
+# Myers' O((n + m) * D) walk when they are at most LCS_MAX_EDITS insertions and deletions apart, else
+# exact by a table of up to LCS_TABLE_CELLS cells, else by `_lcs_by_occurrence` (O(n log n)).
+LCS_TABLE_CELLS = 40_000
+LCS_MAX_EDITS = 64
 
 
 @dataclass(frozen=True)
@@ -103,65 +111,244 @@ class TraceDiff:
 
 
 # -- identities ----------------------------------------------------------------------------------
-def _hook_keys(trace: Trace) -> dict[int, HookKey]:
-    """Handle id -> HookKey; duplicates numbered in registration order (handle ids only grow)."""
+def _hook_keys(trace: Trace, canon: dict[HookKey, HookKey]) -> dict[int, HookKey]:
+    """Handle id -> HookKey; duplicates numbered in registration order (handle ids only grow).
+
+    Equal keys of both traces are one object (`canon`), so comparing two lists of keys is a C-level
+    identity check per item rather than a dataclass `__eq__` call."""
     seen: Counter[tuple] = Counter()
     keys: dict[int, HookKey] = {}
     for h in sorted(trace.hooks, key=lambda x: x.id):
         base = (h.scope, h.module, h.tensor, h.kind, h.name)
-        keys[h.id] = HookKey(*base, occurrence=seen[base])
+        key = HookKey(*base, occurrence=seen[base])
+        keys[h.id] = canon.setdefault(key, key)
         seen[base] += 1
     return keys
 
 
-def _key_of(e: Event, keys: dict[int, HookKey]) -> HookKey:
-    if e.hook is not None and e.hook in keys:
-        return keys[e.hook]
-    return HookKey("unknown", e.module, None, e.kind or "?", f"<hook {e.hook}>")
+def _hook_events(events: list[Event]) -> list[Event]:
+    """The hook events, in seq order (sorted only when they are not already)."""
+    hooks = [e for e in events if e[2] == "hook"]
+    seqs = list(map(operator.itemgetter(0), hooks))
+    if all(map(operator.lt, seqs, seqs[1:])):
+        return hooks
+    return sorted(hooks, key=operator.itemgetter(0))
+
+
+def _hook_stream(
+    trace: Trace, keys: dict[int, HookKey], canon: dict[HookKey, HookKey]
+) -> tuple[list[Event], list[HookKey]]:
+    """The hook events in seq order and the HookKey of each (C-level passes; an event whose hook the
+    trace does not list gets an "unknown" key naming its handle id)."""
+    hooks = _hook_events(trace.events)
+    found: list[Optional[HookKey]] = list(map(keys.get, map(operator.itemgetter(5), hooks)))
+    if any(map(operator.is_, found, repeat(None))):
+        for i, key in enumerate(found):
+            if key is None:
+                e = hooks[i]
+                key = HookKey("unknown", e.module, None, e.kind or "?", f"<hook {e.hook}>")
+                found[i] = canon.setdefault(key, key)
+    return hooks, found  # type: ignore[return-value]
+
+
+_ORDER_FIELDS = operator.itemgetter(1, 3, 4, 6)  # step, phase, module, kind: what a call is compared in
+
+
+def _same_order(ha: list[Event], hb: list[Event], fa: list[HookKey], fb: list[HookKey]) -> bool:
+    """The same hooks in the same order, call for call (the usual `--check`): no grouping needed."""
+    return fa == fb and list(map(_ORDER_FIELDS, ha)) == list(map(_ORDER_FIELDS, hb))
 
 
 def _sequences(
-    trace: Trace, keys: dict[int, HookKey]
+    hooks: list[Event], keys: list[HookKey]
 ) -> tuple[dict[SeqKey, list[HookKey]], dict[SeqKey, list[int]]]:
     """Per (step, phase, module, kind): the hooks in firing order, and each call's index among all."""
-    seqs: dict[SeqKey, list[HookKey]] = {}
-    where: dict[SeqKey, list[int]] = {}
-    for i, e in enumerate(sorted((e for e in trace.events if e.type == "hook"), key=lambda x: x.seq)):
-        sk = (e.step, e.phase, e.module, e.kind or "?")
-        seqs.setdefault(sk, []).append(_key_of(e, keys))
-        where.setdefault(sk, []).append(i)
-    return seqs, where
+    groups: dict[SeqKey, tuple[list[HookKey], list[int]]] = {}
+    get_group = groups.get
+    for i, (e, key) in enumerate(zip(hooks, keys)):
+        sk = (e[1], e[3], e[4], e[6] or "?")
+        group = get_group(sk)
+        if group is None:
+            group = groups[sk] = ([], [])
+        group[0].append(key)
+        group[1].append(i)
+    return {sk: g[0] for sk, g in groups.items()}, {sk: g[1] for sk, g in groups.items()}
 
 
-def _lcs(a: list[HookKey], b: list[HookKey]) -> set[int]:
-    """Indexes into `b` of one longest common subsequence of `a` and `b`."""
+def _align(a: Sequence[HookKey], b: Sequence[HookKey]) -> list[tuple[int, int]]:
+    """Matched (index in a, index in b) pairs of two lists holding the same calls in other orders.
+
+    The lists are cut wherever the calls before the cut are the same in both (as many of each), and
+    each piece that differs is matched on its own by `_lcs`: a change stays explained where it
+    happened (in its own module call) instead of by a far-off pairing that a longest common
+    subsequence of the whole, repetitive list may pick; and pieces are short, so it is fast too."""
+    if len(a) != len(b):
+        return _lcs(a, b)
+    pairs: list[tuple[int, int]] = []
+    balance: dict[HookKey, int] = {}  # calls of each hook in a[start:i] minus those in b[start:i]
+    start, differs = 0, False
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        if x is not y and x != y:
+            differs = True
+            for key, step in ((x, 1), (y, -1)):
+                count = balance.get(key, 0) + step
+                if count:
+                    balance[key] = count
+                else:
+                    del balance[key]
+        if not balance:
+            if differs:
+                pairs += [(start + p, start + q) for p, q in _lcs(a[start : i + 1], b[start : i + 1])]
+            else:
+                pairs += [(j, j) for j in range(start, i + 1)]
+            start, differs = i + 1, False
+    if start < len(a):  # only when the lists do not hold the same calls after all
+        pairs += [(start + p, start + q) for p, q in _lcs(a[start:], b[start:])]
+    return pairs
+
+
+def _lcs(a: Sequence[HookKey], b: Sequence[HookKey]) -> list[tuple[int, int]]:
+    """One longest common subsequence of `a` and `b`, as (index in a, index in b) pairs in order.
+
+    The common head and tail are matched first (some longest common subsequence always does). What
+    is left is solved exactly when it is small or only a few edits apart (the usual case: a few hooks
+    moved); otherwise (long lists with many changes: a module called thousands of times in one step,
+    its order changed in most calls) by `_lcs_by_occurrence`, so that time and memory stay about
+    linear in the length of the lists."""
+    n, m = len(a), len(b)
+    head = 0
+    while head < n and head < m and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < n - head and tail < m - head and a[n - 1 - tail] == b[m - 1 - tail]:
+        tail += 1
+    mid_a, mid_b = a[head : n - tail], b[head : m - tail]
+    found = _lcs_myers(mid_a, mid_b, LCS_MAX_EDITS)
+    if found is None:
+        small = len(mid_a) * len(mid_b) <= LCS_TABLE_CELLS
+        found = (_lcs_table if small else _lcs_by_occurrence)(mid_a, mid_b)
+    return (
+        [(i, i) for i in range(head)]
+        + [(head + i, head + j) for i, j in found]
+        + [(n - tail + t, m - tail + t) for t in range(tail)]
+    )
+
+
+def _lcs_table(a: Sequence[HookKey], b: Sequence[HookKey]) -> list[tuple[int, int]]:
+    """Exact, by dynamic programming: O(len(a) * len(b)) time and memory."""
     n, m = len(a), len(b)
     table = [[0] * (m + 1) for _ in range(n + 1)]
     for i in range(n - 1, -1, -1):
+        row, below = table[i], table[i + 1]
+        ai = a[i]
         for j in range(m - 1, -1, -1):
-            table[i][j] = table[i + 1][j + 1] + 1 if a[i] == b[j] else max(table[i + 1][j], table[i][j + 1])
-    kept: set[int] = set()
+            row[j] = below[j + 1] + 1 if ai == b[j] else max(below[j], row[j + 1])
+    pairs: list[tuple[int, int]] = []
     i = j = 0
     while i < n and j < m:
         if a[i] == b[j]:
-            kept.add(j)
+            pairs.append((i, j))
             i += 1
             j += 1
         elif table[i + 1][j] >= table[i][j + 1]:
             i += 1
         else:
             j += 1
+    return pairs
+
+
+def _lcs_myers(a: Sequence[HookKey], b: Sequence[HookKey], max_edits: int) -> Optional[list[tuple[int, int]]]:
+    """Exact, by Myers' greedy walk ("An O(ND) difference algorithm", 1986): O((n + m) * D) time and
+    O(D²) memory for D insertions plus deletions; None when D > max_edits."""
+    n, m = len(a), len(b)
+    off = max_edits + 1
+    v = [0] * (2 * max_edits + 3)  # v[off + k]: furthest x reached on diagonal k = x - y
+    rounds: list[list[int]] = []  # v[off - d - 1 : off + d + 2] as it was when round d began
+    for d in range(max_edits + 1):
+        rounds.append(v[off - d - 1 : off + d + 2])
+        for k in range(-d, d + 1, 2):
+            if k == -d or (k != d and v[off + k - 1] < v[off + k + 1]):
+                x = v[off + k + 1]  # one more item of b
+            else:
+                x = v[off + k - 1] + 1  # one more item of a
+            y = x - k
+            while x < n and y < m and a[x] == b[y]:
+                x += 1
+                y += 1
+            v[off + k] = x
+            if x >= n and y >= m:
+                return _myers_matches(rounds, n, m)
+    return None
+
+
+def _myers_matches(rounds: list[list[int]], n: int, m: int) -> list[tuple[int, int]]:
+    """Walk Myers' rounds back from (n, m): the matched (index in a, index in b) pairs."""
+    pairs: list[tuple[int, int]] = []
+    x, y = n, m
+    for d in range(len(rounds) - 1, -1, -1):
+        v = rounds[d]  # v[k + d + 1] for diagonals k in -d-1 .. d+1
+        k = x - y
+        if k == -d or (k != d and v[k - 1 + d + 1] < v[k + 1 + d + 1]):
+            prev_k = k + 1
+        else:
+            prev_k = k - 1
+        prev_x = v[prev_k + d + 1]
+        prev_y = prev_x - prev_k
+        while x > prev_x and y > prev_y:
+            x -= 1
+            y -= 1
+            pairs.append((x, y))
+        x, y = prev_x, prev_y
+    pairs.reverse()
+    return pairs
+
+
+def _lcs_by_occurrence(a: Sequence[HookKey], b: Sequence[HookKey]) -> list[tuple[int, int]]:
+    """A common subsequence in O(n log n): the k-th call of a hook in `a` is paired with its k-th call
+    in `b`, and the longest run of pairs in increasing order in both is kept (patience sorting). It is
+    the longest when no hook repeats; with repeats it can be a little shorter, so a few more hooks
+    may be reported as moved than strictly needed."""
+    positions: dict[HookKey, list[int]] = {}
+    for j, k in enumerate(b):
+        positions.setdefault(k, []).append(j)
+    seen: Counter[HookKey] = Counter()
+    pairs: list[tuple[int, int]] = []
+    for i, k in enumerate(a):
+        nth = seen[k]
+        seen[k] += 1
+        at = positions.get(k)
+        if at is not None and nth < len(at):
+            pairs.append((i, at[nth]))
+    tails: list[int] = []  # tails[L]: smallest b index ending an increasing run of length L + 1
+    tail_pair: list[int] = []  # index into `pairs` of that run's last pair
+    previous = [-1] * len(pairs)
+    for p, (_, j) in enumerate(pairs):
+        L = bisect.bisect_left(tails, j)
+        if L == len(tails):
+            tails.append(j)
+            tail_pair.append(p)
+        else:
+            tails[L] = j
+            tail_pair[L] = p
+        previous[p] = tail_pair[L - 1] if L else -1
+    kept: list[tuple[int, int]] = []
+    p = tail_pair[-1] if tail_pair else -1
+    while p >= 0:
+        kept.append(pairs[p])
+        p = previous[p]
+    kept.reverse()
     return kept
 
 
-def _common_part(a: list[HookKey], b: list[HookKey]) -> list[HookKey]:
-    """`b` reduced to the calls `a` also has (as many times as both have them), in b's order."""
+def _common_part(a: list[HookKey], b: list[HookKey]) -> list[int]:
+    """Indexes of `b`'s calls that `a` also has (as many times as both have them), in b's order."""
     budget = Counter(a)
     out = []
-    for k in b:
+    for j, k in enumerate(b):
         if budget[k] > 0:
             budget[k] -= 1
-            out.append(k)
+            out.append(j)
     return out
 
 
@@ -194,15 +381,24 @@ def _compare_list(sk: SeqKey, la: list[HookKey], lb: list[HookKey]) -> tuple[lis
             detail = f"{k.label()} fired {cb[k]}×, expected {ca[k]}×"
             out.append(Difference("count", detail, hook=k.label(), **at))
 
-    fa, fb = _common_part(lb, la), _common_part(la, lb)
-    kept = _lcs(fa, fb)
-    for j, k in enumerate(fb):
-        if j not in kept:
-            nth = fb[:j].count(k)
-            pa = [i for i, x in enumerate(la) if x == k][nth] + 1
-            pb = [i for i, x in enumerate(lb) if x == k][nth] + 1
-            detail = f"{k.label()} moved from position {pa} to {pb} of {len(lb)}"
-            out.append(Difference("moved", detail, hook=k.label(), **at))
+    ia, ib = _common_part(lb, la), _common_part(la, lb)  # what both have, as indexes into la / lb
+    fa, fb = [la[i] for i in ia], [lb[j] for j in ib]
+    pairs = _align(fa, fb)
+    if len(pairs) < len(fb):
+        # a call left out of the common order moved; it is paired with the left-out call of the same
+        # hook in `a` (the k-th with the k-th) to say from where
+        matched_a, matched_b = {i for i, _ in pairs}, {j for _, j in pairs}
+        loose: dict[HookKey, list[int]] = {}
+        for i, k in enumerate(fa):
+            if i not in matched_a:
+                loose.setdefault(k, []).append(ia[i])
+        used: Counter[HookKey] = Counter()
+        for j, k in enumerate(fb):
+            if j not in matched_b:
+                pa, pb = loose[k][used[k]] + 1, ib[j] + 1
+                used[k] += 1
+                detail = f"{k.label()} moved from position {pa} to {pb} of {len(lb)}"
+                out.append(Difference("moved", detail, hook=k.label(), **at))
 
     i = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), min(len(la), len(lb)))
     expected = f"{la[i].label()} at position {i + 1}" if i < len(la) else f"no hook at position {i + 1}"
@@ -237,15 +433,22 @@ def _missing_parts(
     sa: dict[SeqKey, list[HookKey]], sb: dict[SeqKey, list[HookKey]], position: Callable[[SeqKey], int]
 ) -> tuple[list[tuple[int, int, Difference, str]], set[tuple[int, str]]]:
     """Whole steps, then whole phases of a step, that only one trace has: one difference each."""
-    ranked = []
+    ranked: list[tuple[int, int, Difference, str]] = []
     skipped: set[tuple[int, str]] = set()
+    if {k[:2] for k in sa} == {k[:2] for k in sb}:
+        return ranked, skipped
     parts = [(0, lambda k: k[0]), (1, lambda k: k[:2])]
     for level, part_of in parts:
-        in_a = {part_of(k) for k in sa if k[:2] not in skipped}
-        in_b = {part_of(k) for k in sb if k[:2] not in skipped}
-        for part in sorted(in_a ^ in_b):
-            side, seqs = ("expected", sa) if part in in_a else ("observed", sb)
-            mine = [k for k in seqs if part_of(k) == part]
+        groups_a: dict[object, list[SeqKey]] = {}
+        groups_b: dict[object, list[SeqKey]] = {}
+        for seqs, groups in ((sa, groups_a), (sb, groups_b)):
+            for k in seqs:
+                if k[:2] not in skipped:
+                    groups.setdefault(part_of(k), []).append(k)
+        for part in sorted(groups_a.keys() ^ groups_b.keys()):  # type: ignore[type-var]
+            side, seqs, mine = (
+                ("expected", sa, groups_a[part]) if part in groups_a else ("observed", sb, groups_b[part])
+            )
             calls = sum(len(seqs[k]) for k in mine)
             if level == 0:
                 d = Difference("step", f"only in the {side} trace ({calls} hook calls)", step=part)
@@ -259,14 +462,46 @@ def _missing_parts(
 
 
 def diff_traces(a: Trace, b: Trace) -> TraceDiff:
-    """How the hook order of `b` (observed) differs from `a` (expected)."""
-    ka, kb = _hook_keys(a), _hook_keys(b)
-    sa, where_a = _sequences(a, ka)
-    sb, where_b = _sequences(b, kb)
-    result = TraceDiff(
-        hook_calls=(sum(map(len, sa.values())), sum(map(len, sb.values()))),
-        steps=(len({k[0] for k in sa}), len({k[0] for k in sb})),
-    )
+    """How the hook order of `b` (observed) differs from `a` (expected).
+
+    Linear in the number of events (the cyclic GC is paused: it would rescan millions of events);
+    traces with the same order call for call are recognised without grouping their calls.
+    """
+    with gc_paused():
+        return _diff(a, b)
+
+
+def _diff(a: Trace, b: Trace) -> TraceDiff:
+    canon: dict[HookKey, HookKey] = {}
+    ka, kb = _hook_keys(a, canon), _hook_keys(b, canon)
+    ha, fa = _hook_stream(a, ka, canon)
+    hb, fb = _hook_stream(b, kb, canon)
+    steps = (len(set(map(operator.itemgetter(1), ha))), len(set(map(operator.itemgetter(1), hb))))
+    result = TraceDiff(hook_calls=(len(ha), len(hb)), steps=steps)
+    ranked: list[tuple[int, int, Difference, str]] = []
+    if not _same_order(ha, hb, fa, fb):
+        ranked = _order_differences(*_sequences(ha, fa), *_sequences(hb, fb))
+
+    flagged = _flag_differences(a, b, ka, kb)
+    if flagged:
+        ids = list(map(id, fa))  # keys are one object each (canon): found by identity, in C
+        for key, d in flagged:
+            first_call = ids.index(id(key)) if id(key) in ids else 10**9
+            ranked.append((first_call, 10_000, d, str(d)))
+
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    result.differences = [r[2] for r in ranked]
+    result.first_divergence = ranked[0][3] if ranked else None
+    return result
+
+
+def _order_differences(
+    sa: dict[SeqKey, list[HookKey]],
+    where_a: dict[SeqKey, list[int]],
+    sb: dict[SeqKey, list[HookKey]],
+    where_b: dict[SeqKey, list[int]],
+) -> list[tuple[int, int, Difference, str]]:
+    """(position, rank, difference, first-divergence text) for each ordering difference."""
 
     def position(sk: SeqKey, i: int = 0) -> int:
         """Where call `i` of `sk` is in the expected trace (the observed one if `a` lacks it)."""
@@ -284,15 +519,4 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
         diffs, i, divergence = _compare_list(sk, la, lb)
         for n, d in enumerate(diffs):
             ranked.append((position(sk, i), 1 + n, d, f"{d.where()}: {divergence}; {d.detail}"))
-
-    first_call: dict[HookKey, int] = {}
-    for sk, keys in sa.items():
-        for i, k in zip(where_a[sk], keys):
-            first_call[k] = min(i, first_call.get(k, i))
-    for key, d in _flag_differences(a, b, ka, kb):
-        ranked.append((first_call.get(key, 10**9), 10_000, d, str(d)))
-
-    ranked.sort(key=lambda r: (r[0], r[1]))
-    result.differences = [r[2] for r in ranked]
-    result.first_divergence = ranked[0][3] if ranked else None
-    return result
+    return ranked
