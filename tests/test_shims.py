@@ -1,0 +1,88 @@
+"""The shim on its own: calling conventions, pass-through of results and errors, what it records."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import hooktrace
+from hooktrace.capture import shims
+
+
+@pytest.mark.parametrize("kind", sorted(shims.POSITIONAL_KINDS) + ["state_dict", "load_state_dict_pre"])
+@pytest.mark.parametrize("nargs", [1, 2, 3, 4, 5, 7])
+def test_shim_passes_any_positional_call_through(kind: str, nargs: int) -> None:
+    seen = []
+
+    def hook(*args: object) -> object:
+        seen.append(args)
+        return ("result", len(args))
+
+    rec = shims.Recorder()
+    shim = shims.make_shim(rec, hook, 7, kind, None, True)
+    args = tuple(object() for _ in range(nargs))
+    assert shim(*args) == ("result", nargs)
+    assert seen == [args]
+    (record,) = rec.hooks
+    seq, hook_id, tid, t0, t1, outcome, module = record
+    assert (seq, hook_id, tid, outcome, module) == (0, 7, threading.get_ident(), True, args[0])
+    assert t1 >= t0
+
+
+def test_generic_shim_passes_keywords_through() -> None:
+    rec = shims.Recorder()
+    shim = shims.make_shim(rec, lambda *a, **k: (a, k), 1, "state_dict", "owner", False)
+    assert shim(1, x=2) == ((1,), {"x": 2})
+    assert rec.hooks[0][5:] == (True, "owner")
+
+
+def test_shim_records_and_reraises_the_hooks_error() -> None:
+    class Boom(Exception):
+        pass
+
+    def hook(grad: object) -> None:
+        raise Boom("no")
+
+    rec = shims.Recorder()
+    shim = shims.make_shim(rec, hook, 3, "grad", None, False)
+    with pytest.raises(Boom) as info:
+        shim(object())
+    assert info.value.__traceback__ is not None
+    assert rec.hooks[0][5] == "Boom: no"
+    assert rec.hooks[0][6] is None  # a tensor hook's first argument is the gradient, not a module
+
+
+def test_forward_hook_called_outside_a_module_call_is_forward_phase() -> None:
+    """A forward-kind hook takes the phase of the module call it runs in; called by hand, forward."""
+    lin = torch.nn.Linear(2, 2)
+    calls = []
+    lin.register_forward_hook(lambda m, a, o: calls.append("fwd"))
+    x = torch.randn(1, 2)
+    with hooktrace.trace(lin) as t:
+        out = lin(x)
+        for hook in list(lin._forward_hooks.values()):
+            hook(lin, (x,), out)  # as some libraries do
+    hooks = [e for e in t.trace.events if e.type == "hook"]
+    assert calls == ["fwd", "fwd"]
+    assert [(e.phase, e.module) for e in hooks] == [("forward", ""), ("forward", "")]
+    assert [e.type for e in t.trace.events] == ["enter", "hook", "exit", "hook"]
+
+
+def test_tensor_hooks_registered_inside_forward_hooks_are_named_after_the_module() -> None:
+    """The shim's frame tells which module's input or output a tensor hook went on."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+
+    def on_input(module: object, args: tuple) -> None:
+        args[0].register_hook(lambda g: None)
+
+    def on_output(module: object, args: tuple, output: torch.Tensor) -> None:
+        output.register_hook(lambda g: None)
+
+    model[1].register_forward_pre_hook(on_input)
+    model[1].register_forward_hook(on_output)
+    with hooktrace.trace(model) as t:
+        model(torch.randn(3, 2, requires_grad=True)).sum().backward()
+    tensors = sorted(h.tensor for h in t.trace.hooks if h.scope == "tensor")
+    assert tensors == ["input of 1", "output of 1"]
