@@ -67,15 +67,18 @@ def _groups(trace: Trace) -> list[list[Event]]:
 
 
 def global_first(trace: Trace) -> list[Surprise]:
+    prepended = {h.id for h in trace.hooks if h.scope == "module" and h.prepend}
+    global_ids = {h.id for h in trace.hooks if h.scope == "global"}
+    if not prepended or not global_ids:  # the common case: nothing to look for in the events
+        return []
     found: dict[int, tuple[set[int], list[int]]] = {}
     for group in _groups(trace):
         globals_seen: list[Event] = []
         for e in group:
-            hook = trace.hook(e.hook)
-            if hook.scope == "global":
+            if e.hook in global_ids:
                 globals_seen.append(e)
-            elif hook.scope == "module" and hook.prepend and globals_seen:
-                ids, seqs = found.setdefault(hook.id, (set(), []))
+            elif e.hook in prepended and globals_seen:
+                ids, seqs = found.setdefault(e.hook, (set(), []))
                 ids.update(g.hook for g in globals_seen)
                 if len(seqs) < 50:
                     seqs.extend([*(g.seq for g in globals_seen), e.seq])
@@ -98,19 +101,22 @@ def global_first(trace: Trace) -> list[Surprise]:
 
 
 def prepend_displaced(trace: Trace) -> list[Surprise]:
+    prepended = {h.id for h in trace.hooks if h.scope == "module" and h.prepend}
+    if not prepended:  # the common case: nothing to look for in the events
+        return []
+    module_ids = {h.id for h in trace.hooks if h.scope == "module"}
     found: dict[int, tuple[set[int], list[int]]] = {}
     for group in _groups(trace):
-        before: list[tuple[Event, Hook]] = []
+        before: list[Event] = []
         for e in group:
-            hook = trace.hook(e.hook)
-            if hook.scope != "module":
+            if e.hook not in module_ids:
                 continue
-            if hook.prepend and before:
-                ids, seqs = found.setdefault(hook.id, (set(), []))
-                ids.update(h.id for _, h in before)
+            if e.hook in prepended and before:
+                ids, seqs = found.setdefault(e.hook, (set(), []))
+                ids.update(b.hook for b in before)
                 if len(seqs) < 50:
-                    seqs.extend([*(b.seq for b, _ in before), e.seq])
-            before.append((e, hook))
+                    seqs.extend([*(b.seq for b in before), e.seq])
+            before.append(e)
     out = []
     for hid, (ahead, seqs) in found.items():
         hook = trace.hook(hid)

@@ -8,8 +8,8 @@ import platform
 import sys
 import time
 import weakref
-from bisect import bisect_right
 from dataclasses import dataclass
+from operator import itemgetter
 from types import FrameType
 from typing import Any, Optional
 
@@ -553,53 +553,44 @@ class TraceSession:
         inside that call's `_call_impl`): `recompute` when that call started during backward.
         """
         start = self._start_ns
-        starts = self._rec.step_starts
-        raw: list[tuple] = []
-        kinds = {
-            hid: (h.kind, _PHASE_OF_KIND.get(h.kind, shims.OTHER), h.scope, h.module)
+        rec = self._rec
+        info = {
+            hid: (h.kind, _PHASE_OF_KIND.get(h.kind, shims.OTHER), h.module if h.scope == "tensor" else None)
             for hid, h in hooks.items()
         }
-        for seq, hid, tid, t0, t1, outcome, mod in self._rec.hooks:
-            kind, phase, scope, owner_path = kinds[hid]
-            path = paths.get(id(mod)) if mod is not None else (owner_path if scope == "tensor" else None)
+        raw: list[tuple] = []
+        append = raw.append
+        for seq, hid, tid, t0, t1, outcome, mod in rec.hooks:
+            kind, phase, tensor_module = info[hid]
+            path = paths.get(id(mod)) if mod is not None else tensor_module
             error = outcome if outcome.__class__ is str else None
-            raw.append(
-                (
-                    seq,
-                    bisect_right(starts, seq),
-                    "hook",
-                    phase,
-                    path,
-                    hid,
-                    kind,
-                    tid,
-                    t0 - start,
-                    t1 - t0,
-                    outcome is True,
-                    error,
-                )
-            )
-        for enter, leave, phase, mod, tid, t0, t1, error in self._rec.calls:
+            append((seq, "hook", phase, path, hid, kind, tid, t0 - start, t1 - t0, outcome is True, error))
+        for enter, leave, phase, mod, tid, t0, t1, error in rec.calls:
             path = paths.get(id(mod))
-            step = bisect_right(starts, enter)
-            raw.append((enter, step, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
-            raw.append((leave, step, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))
-        raw.sort(key=lambda r: r[0])
+            append((enter, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
+            append((leave, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))
+        raw.sort(key=itemgetter(0))
+
+        starts = [*rec.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
+        step = 0
         open_calls: dict[int, list[str]] = {}  # thread -> phases of the module calls open on it
-        events = []
-        for i, r in enumerate(raw):
-            kind = r[2]
-            if kind == "hook":
-                if r[3] is None:
-                    stack = open_calls.get(r[7])
-                    r = r[:3] + ((stack[-1] if stack else shims.FORWARD),) + r[4:]
-            elif kind == "enter":
-                open_calls.setdefault(r[7], []).append(r[3])
+        new = tuple.__new__  # Event's fields in order, without NamedTuple's Python-level __new__
+        events: list[Event] = []
+        add = events.append
+        for i, (seq, type_, phase, path, hid, kind, tid, t, duration, returned, error) in enumerate(raw):
+            while seq >= starts[step]:
+                step += 1
+            if type_ == "hook":
+                if phase is None:
+                    stack = open_calls.get(tid)
+                    phase = stack[-1] if stack else shims.FORWARD
+            elif type_ == "enter":
+                open_calls.setdefault(tid, []).append(phase)
             else:
-                stack = open_calls.get(r[7])
+                stack = open_calls.get(tid)
                 if stack:
                     stack.pop()
-            events.append(Event(i, *r[1:]))
+            add(new(Event, (i, step, type_, phase, path, hid, kind, tid, t, duration, returned, error)))
         return events
 
     def _ordered_records(self, order: list[int]) -> list[_Record]:
