@@ -243,6 +243,14 @@ def replaced_value(trace: Trace) -> list[Surprise]:
 
 
 def legacy_backward(trace: Trace) -> list[Surprise]:
+    legacy = [h for h in trace.hooks if h.kind == "backward_legacy"]
+    if not legacy:
+        return []
+    seqs: dict[int, list[int]] = {h.id: [] for h in legacy}
+    for e in trace.events:
+        found = seqs.get(e.hook) if e.type == "hook" else None
+        if found is not None and len(found) < 50:
+            found.append(e.seq)
     return [
         Surprise(
             "legacy-backward",
@@ -250,10 +258,9 @@ def legacy_backward(trace: Trace) -> list[Surprise]:
             f"grad_fn of the output's last operation, so grad_input can miss gradients when forward has "
             f"several operations. Use register_full_backward_hook.",
             [h.id],
-            [e.seq for e in trace.events if e.type == "hook" and e.hook == h.id][:50],
+            seqs[h.id],
         )
-        for h in trace.hooks
-        if h.kind == "backward_legacy"
+        for h in legacy
     ]
 
 
