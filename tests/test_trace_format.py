@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 
@@ -129,7 +130,10 @@ def test_chunked_save_writes_the_bytes_of_one_document(tmp_path, encoder, small_
     t = many()
     t.save(tmp_path / "t.json")
     raw = (tmp_path / "t.json").read_bytes()
-    assert raw == trace_module.dumps(t.to_dict()) + b"\n"
+    assert raw == trace_module.dumps(t.to_dict()) + b"\n" == t.to_json()
+    out = io.BytesIO()
+    t.write_json(out)
+    assert out.getvalue() == raw
     data = json.loads(raw)
     assert list(data) == ["format", "version", "meta", "modules", "hooks", "events", "surprises"]
     assert all(list(e) == list(Event._fields) for e in data["events"])
