@@ -237,6 +237,8 @@ def test_many_changes_in_a_long_list_are_each_explained_in_place() -> None:
     assert kinds(d) == ["moved"] * 1500
     moves = [tuple(sorted(int(w) for w in m.split()[2:5:2])) for m in moved_positions(d)]
     assert sorted(moves) == [(2 * c + 1, 2 * c + 2) for c in range(0, 3000, 2)]
+    summary = d.summary().splitlines()  # one line per hook and list, not 1500
+    assert len(summary) == 4 and summary[-1] == "    ×1499 more moves among these forward_pre hooks"
 
 
 def test_long_differing_stretches_fall_back_to_pairing_calls(monkeypatch: Any) -> None:

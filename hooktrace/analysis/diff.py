@@ -106,8 +106,22 @@ class TraceDiff:
             f"(expected {a} hook calls in {self.steps[0]} step(s), got {b} in {self.steps[1]})",
             f"first divergence: {self.first_divergence}",
         ]
-        lines += [f"  - {d}" for d in self.differences]
+        i = 0
+        while i < n:  # hooks moved in many calls of one (step, phase, module, kind): the first, then a count
+            d = self.differences[i]
+            j = i + 1
+            while j < n and d.change == "moved" and _moved_in_same_list(d, self.differences[j]):
+                j += 1
+            lines.append(f"  - {d}")
+            if j - i > 1:
+                more = j - i - 1
+                lines.append(f"    ×{more} more move{'s' if more != 1 else ''} among these {d.kind} hooks")
+            i = j
         return "\n".join(lines)
+
+
+def _moved_in_same_list(a: Difference, b: Difference) -> bool:
+    return b.change == "moved" and (a.step, a.phase, a.module, a.kind) == (b.step, b.phase, b.module, b.kind)
 
 
 # -- identities ----------------------------------------------------------------------------------
