@@ -7,7 +7,6 @@ imported only when used, so `hooktrace render -f json` never loads rich or graph
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
@@ -42,7 +41,7 @@ class Renderer:
 
 def _json_text(trace: Trace) -> str:
     """The trace format itself, byte for byte what `Trace.save` writes."""
-    return json.dumps(trace.to_dict(), separators=(",", ":")) + "\n"
+    return trace.to_json().decode("utf-8")
 
 
 RENDERERS: dict[str, Renderer] = {
