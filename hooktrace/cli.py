@@ -190,10 +190,14 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts:
             _console().print(build_tree(trace, **tree_opts))
             return
         takes = r.renderer(chosen).options
-        data = r.render(trace, chosen, **{k: v for k, v in tree_opts.items() if k in takes})
+        if chosen == "json" and output is not None and output.name.lower().endswith(".gz"):
+            data = None  # Trace.save compresses it
+        else:
+            data = r.render(trace, chosen, **{k: v for k, v in tree_opts.items() if k in takes})
     except r.RenderError as exc:
         raise UsageError(str(exc)) from exc
     if output is None:
+        assert data is not None
         if isinstance(data, bytes):
             sys.stdout.buffer.write(data)
         else:
@@ -201,7 +205,9 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts:
         sys.stdout.flush()
         return
     try:
-        if isinstance(data, bytes):
+        if data is None:
+            trace.save(output)
+        elif isinstance(data, bytes):
             output.write_bytes(data)
         else:
             output.write_text(data, encoding="utf-8")

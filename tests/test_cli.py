@@ -644,3 +644,17 @@ def test_raising_backward_hook_exits_1_and_names_it(tmp_path: Path) -> None:
     )
     trace = hooktrace.load(out)
     assert [e.error for e in trace.hook_events()] == ["RuntimeError: no gradients today"]
+
+
+def test_json_gz_output_is_the_trace_format_compressed(tmp_path: Path) -> None:
+    import gzip
+
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    assert invoke("run", str(SAMPLES / "quickstart.py"), "-o", str(plain))[0] == 0
+    assert invoke("run", str(SAMPLES / "quickstart.py"), "-o", str(packed))[0] == 0
+    loaded = json.loads(gzip.decompress(packed.read_bytes()))
+    assert loaded["format"] == "hooktrace.trace" and loaded["events"]
+    code, out, _ = invoke("diff", str(plain), str(packed))
+    assert code == 0, out
+    code, out, _ = invoke("render", str(packed))
+    assert code == 0 and "first_pre" in out

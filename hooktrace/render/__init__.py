@@ -60,7 +60,7 @@ RENDERERS: dict[str, Renderer] = {
     )
 }  # fmt: skip
 
-# `chrome` also writes .json, so only these extensions choose a format on their own.
+# `chrome` also writes .json, so only these extensions choose a format on their own (and .json.gz).
 _BY_EXTENSION = {".json": "json", ".dot": "dot", ".svg": "svg"}
 
 
@@ -79,6 +79,8 @@ def format_for_path(path: Optional[Union[str, os.PathLike[str]]], fmt: Optional[
     if path is None:
         return "tree"
     ext = os.path.splitext(os.fspath(path))[1].lower()
+    if os.fspath(path).lower().endswith(".json.gz"):  # the trace format, gzip-compressed (Trace.save)
+        ext = ".json"
     try:
         return _BY_EXTENSION[ext]
     except KeyError:
