@@ -342,6 +342,7 @@ def test_json_renderer_is_the_trace_format(tmp_path: Path) -> None:
     [
         (None, None, "tree"),
         ("out.json", None, "json"),
+        ("out.JSON.gz", None, "json"),
         ("out.dot", None, "dot"),
         ("dir.v2/OUT.SVG", None, "svg"),
         ("out.json", "chrome", "chrome"),
@@ -353,7 +354,7 @@ def test_format_for_path(path: Optional[str], fmt: Optional[str], expected: str)
     assert format_for_path(path, fmt) == expected
 
 
-@pytest.mark.parametrize("path", ["out.txt", "out", "out.trace", "trace.json.gz"])
+@pytest.mark.parametrize("path", ["out.txt", "out", "out.trace", "trace.svg.gz", "trace.gz"])
 def test_format_for_path_needs_format_for_other_extensions(path: str) -> None:
     with pytest.raises(RenderError, match="--format"):
         format_for_path(path, None)
