@@ -27,15 +27,16 @@ def test_shim_passes_any_positional_call_through(kind: str, nargs: int) -> None:
     assert seen == [args]
     (record,) = rec.hooks
     seq, hook_id, tid, t0, t1, outcome, module = record
-    assert (seq, hook_id, tid, outcome, module) == (0, 7, threading.get_ident(), True, args[0])
+    assert (seq, hook_id, tid, outcome, module) == (0, 7, threading.get_ident(), True, id(args[0]))
     assert t1 >= t0
 
 
 def test_generic_shim_passes_keywords_through() -> None:
     rec = shims.Recorder()
-    shim = shims.make_shim(rec, lambda *a, **k: (a, k), 1, "state_dict", "owner", False)
+    owner = torch.nn.Linear(1, 1)
+    shim = shims.make_shim(rec, lambda *a, **k: (a, k), 1, "state_dict", owner, False)
     assert shim(1, x=2) == ((1,), {"x": 2})
-    assert rec.hooks[0][5:] == (True, "owner")
+    assert rec.hooks[0][5:] == (True, id(owner))
 
 
 def test_shim_records_and_reraises_the_hooks_error() -> None:
@@ -52,6 +53,21 @@ def test_shim_records_and_reraises_the_hooks_error() -> None:
     assert info.value.__traceback__ is not None
     assert rec.hooks[0][5] == "Boom: no"
     assert rec.hooks[0][6] is None  # a tensor hook's first argument is the gradient, not a module
+
+
+def test_records_hold_no_objects_the_garbage_collector_must_walk() -> None:
+    """Records are ints, strings, bools and None: untracked after one collection, however many."""
+    import gc
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    model[0].register_forward_hook(lambda m, a, o: None)
+    with hooktrace.trace(model) as t:
+        model(torch.randn(1, 2)).sum().backward()
+        rec = t._rec
+        gc.collect()
+        records = rec.hooks + rec.calls
+        assert records and not any(gc.is_tracked(r) for r in records)
+        assert set(rec.modules) == {id(model), id(model[0]), id(model[1])}
 
 
 def test_forward_hook_called_outside_a_module_call_is_forward_phase() -> None:

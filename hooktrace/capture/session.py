@@ -389,6 +389,8 @@ class TraceSession:
                 hook_id, args, mod = call
                 record = self._records.get(hook_id)
                 kind = record.kind if record else None
+                if mod is None and record is not None:
+                    mod = record.owner
                 if kind == "forward" and args and _contains(args[-1], tensor):
                     return ("output of", mod)
                 if kind in ("forward", "forward_pre") and len(args) > 1 and _contains(args[1], tensor):
@@ -560,13 +562,13 @@ class TraceSession:
         }
         raw: list[tuple] = []
         append = raw.append
-        for seq, hid, tid, t0, t1, outcome, mod in rec.hooks:
+        for seq, hid, tid, t0, t1, outcome, module_id in rec.hooks:
             kind, phase, tensor_module = info[hid]
-            path = paths.get(id(mod)) if mod is not None else tensor_module
+            path = paths.get(module_id) if module_id is not None else tensor_module
             error = outcome if outcome.__class__ is str else None
             append((seq, "hook", phase, path, hid, kind, tid, t0 - start, t1 - t0, outcome is True, error))
-        for enter, leave, phase, mod, tid, t0, t1, error in rec.calls:
-            path = paths.get(id(mod))
+        for enter, leave, phase, module_id, tid, t0, t1, error in rec.calls:
+            path = paths.get(module_id)
             append((enter, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
             append((leave, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))
         raw.sort(key=itemgetter(0))

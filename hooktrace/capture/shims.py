@@ -3,10 +3,13 @@
 A shim stands in a hook dict in place of the user's hook while tracing. It records one compact
 tuple per call and returns exactly what the hook returned; exceptions pass through untouched.
 Records are converted to `trace.Event`s only at finalisation:
-    hook call:   (seq, hook_id, thread, start_ns, end_ns, outcome, module_or_None)
+    hook call:   (seq, hook_id, thread, start_ns, end_ns, outcome, id_of_module_or_None)
                  outcome: True/False (returned a value or not), or the error text if it raised
-    module call: (enter_seq, exit_seq, phase, module, thread, start_ns, end_ns, error_or_None)
+    module call: (enter_seq, exit_seq, phase, id_of_module, thread, start_ns, end_ns, error_or_None)
                  one record for the `enter` and the `exit` event
+Records hold only ints, strings, bools and None, so the garbage collector untracks them the first
+time it sees them: a long capture does not make every later collection walk millions of records.
+The modules themselves are kept alive (their ids stay unique) in `Recorder.modules`.
 Neither the step nor a hook's phase is stored: `Recorder.step_starts` holds the first seq of each
 step, and a hook's phase follows from its kind (backward kinds: `backward`; forward kinds: the phase
 of the module call they ran in, which the module-call record has; the rest: `other`).
@@ -46,9 +49,9 @@ def error_text(exc: BaseException) -> str:
 
 # The shim's body. What every shim of one capture shares (`counter`, `clock`, `ident`, `main`,
 # `append`, `error_text`, `_N`) are globals of a namespace made per Recorder; a shim's own closure
-# holds only `fn`, `hook_id`, `module`, `from_args` (fewer objects per wrapped hook).
+# holds only `fn`, `hook_id`, `module_id`, `from_args` (fewer objects per wrapped hook).
 _SHIM_SOURCE = """
-def factory(fn, hook_id, module, from_args):
+def factory(fn, hook_id, module_id, from_args):
     def hooktrace_shim({params}):
         seq = next(counter)
         t0 = clock()
@@ -59,13 +62,13 @@ def factory(fn, hook_id, module, from_args):
             tid = ident()
             if tid == main:
                 tid = main
-            append((seq, hook_id, tid, t0, t1, error_text(exc), {first} if from_args else module))
+            append((seq, hook_id, tid, t0, t1, error_text(exc), {first} if from_args else module_id))
             raise
         t1 = clock()
         tid = ident()
         if tid == main:
             tid = main
-        append((seq, hook_id, tid, t0, t1, result is not None, {first} if from_args else module))
+        append((seq, hook_id, tid, t0, t1, result is not None, {first} if from_args else module_id))
         return result
     return hooktrace_shim
 """
@@ -84,12 +87,14 @@ _GENERIC_CALL = "            result = fn(*args, **kwargs)"
 
 # fixed templates compiled once, as namedtuple and dataclasses do
 _POSITIONAL_CODE = compile(
-    _SHIM_SOURCE.format(params="a, b=_N, c=_N, d=_N, *more", call=_POSITIONAL_CALL, first="a"),
+    _SHIM_SOURCE.format(params="a, b=_N, c=_N, d=_N, *more", call=_POSITIONAL_CALL, first="id(a)"),
     __file__,
     "exec",
 )
 _GENERIC_CODE = compile(
-    _SHIM_SOURCE.format(params="*args, **kwargs", call=_GENERIC_CALL, first="(args[0] if args else None)"),
+    _SHIM_SOURCE.format(
+        params="*args, **kwargs", call=_GENERIC_CALL, first="(id(args[0]) if args else None)"
+    ),
     __file__,
     "exec",
 )
@@ -99,11 +104,12 @@ _MISSING = object()
 class Recorder:
     """Shared state of one capture that shims write into. Appends are atomic under the GIL."""
 
-    __slots__ = ("hooks", "calls", "seq", "step_starts", "main_thread", "_factories")
+    __slots__ = ("hooks", "calls", "modules", "seq", "step_starts", "main_thread", "_factories")
 
     def __init__(self) -> None:
         self.hooks: list[tuple] = []
         self.calls: list[tuple] = []
+        self.modules: dict[int, Any] = {}  # every module called, by id: records name them by id
         self.seq = itertools.count()
         self.step_starts: list[int] = []  # seq at which step 1, 2, ... began
         # Records of the thread that started the capture share this one int object (an ident is a
@@ -145,14 +151,17 @@ def make_shim(
     """
     positional, generic = rec._factories
     factory = positional if kind in POSITIONAL_KINDS else generic
-    return factory(fn, hook_id, module, module_from_args)
+    return factory(fn, hook_id, None if module is None else id(module), module_from_args)
 
 
 SHIM_CODES = frozenset(factory(None, -1, None, False).__code__ for factory in Recorder()._factories)
 
 
 def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
-    """(hook id, arguments, module) of a shim's frame, or None if the frame is not a shim's."""
+    """(hook id, arguments, module) of a shim's frame, or None if the frame is not a shim's.
+
+    The module is the first argument for hooks PyTorch passes it to, else None (the hook's owner).
+    """
     if frame.f_code not in SHIM_CODES:
         return None
     local = frame.f_locals
@@ -160,7 +169,7 @@ def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
         args = tuple(local["args"])
     else:
         args = tuple(local[name] for name in "abcd" if local[name] is not _MISSING) + tuple(local["more"])
-    module = (args[0] if args else None) if local["from_args"] else local["module"]
+    module = (args[0] if args else None) if local["from_args"] else None
     return local["hook_id"], args, module
 
 
@@ -181,6 +190,7 @@ def make_call_impl(
     """
     g_fwd_pre, g_fwd, g_bwd_pre, g_bwd = global_dicts
     append = rec.calls.append
+    modules = rec.modules
     counter = rec.seq
     clock = time.perf_counter_ns
     ident = threading.get_ident
@@ -199,6 +209,9 @@ def make_call_impl(
             or g_bwd
         ):
             before_call(self)
+        key = id(self)
+        if key not in modules:
+            modules[key] = self
         seq = next(counter)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         t0 = clock()
@@ -209,13 +222,13 @@ def make_call_impl(
             tid = ident()
             if tid == main:
                 tid = main
-            append((seq, next(counter), phase, self, tid, t0, t1, error_text(exc)))
+            append((seq, next(counter), phase, key, tid, t0, t1, error_text(exc)))
             raise
         t1 = clock()
         tid = ident()
         if tid == main:
             tid = main
-        append((seq, next(counter), phase, self, tid, t0, t1, None))
+        append((seq, next(counter), phase, key, tid, t0, t1, None))
         if self._backward_pre_hooks or self._backward_hooks or g_bwd_pre or g_bwd:
             on_output(self, result)
         return result
