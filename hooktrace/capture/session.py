@@ -223,7 +223,7 @@ class TraceSession:
         final = _Final()
         for attr, kind in GLOBAL_DICTS:
             d = registry.global_dict(attr)
-            if d is not None:
+            if d:  # empty dicts: nothing to record or restore
                 self._settle(d, kind, None, "global", final)
         model = self._model
         if isinstance(model, torch.nn.Module):
@@ -234,7 +234,7 @@ class TraceSession:
                 md = module.__dict__
                 for attr, kind in MODULE_DICTS:
                     d = md.get(attr)
-                    if d is not None:
+                    if d:  # empty dicts: nothing to record or restore
                         self._settle(d, kind, module, "module", final)
                 for pname, param in md.get("_parameters", {}).items():
                     if param is not None and id(param) not in final.params:
@@ -243,11 +243,11 @@ class TraceSession:
             for param, _ in params:  # after every module's dicts, as `model.parameters()` would come
                 for attr, kind in TENSOR_DICTS:
                     d = getattr(param, attr, None)
-                    if d is not None:
+                    if d:  # empty dicts: nothing to record or restore
                         self._settle(d, kind, None, "tensor", final, tensor=param)
         for dict_ref, kind, tensor_ref in self._tensor_dicts:
             d = dict_ref()
-            if d is not None:
+            if d:  # empty dicts: nothing to record or restore
                 self._settle(d, kind, None, "tensor", final, tensor=tensor_ref() if tensor_ref else None)
         for _shim_ref, dict_ref, _hid in list(self._shims.values()):  # dicts outside the model now
             d = dict_ref()
@@ -257,7 +257,7 @@ class TraceSession:
 
     def _settle(self, d: dict, kind: str, owner: Any, scope: str, final: _Final, tensor: Any = None) -> None:
         """Record every hook in `d`, infer prepends from its order, put the original objects back."""
-        if id(d) in final.seen or not d:
+        if id(d) in final.seen:
             return
         final.seen.add(id(d))
         if kind == "backward" and scope != "tensor":
