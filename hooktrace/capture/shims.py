@@ -9,7 +9,8 @@ Records are converted to `trace.Event`s only at finalisation:
                  one record for the `enter` and the `exit` event
 Records hold only ints, strings, bools and None, so the garbage collector untracks them the first
 time it sees them: a long capture does not make every later collection walk millions of records.
-The modules themselves are kept alive (their ids stay unique) in `Recorder.modules`.
+The modules themselves are kept alive (their ids stay unique) in `Recorder.modules`, and each id
+is one shared int object (`Recorder.module_ids`), not a new 32-byte int per record.
 Neither the step nor a hook's phase is stored: `Recorder.step_starts` holds the first seq of each
 step, and a hook's phase follows from its kind (backward kinds: `backward`; forward kinds: the phase
 of the module call they ran in, which the module-call record has; the rest: `other`).
@@ -87,13 +88,17 @@ _GENERIC_CALL = "            result = fn(*args, **kwargs)"
 
 # fixed templates compiled once, as namedtuple and dataclasses do
 _POSITIONAL_CODE = compile(
-    _SHIM_SOURCE.format(params="a, b=_N, c=_N, d=_N, *more", call=_POSITIONAL_CALL, first="id(a)"),
+    _SHIM_SOURCE.format(
+        params="a, b=_N, c=_N, d=_N, *more", call=_POSITIONAL_CALL, first="(module_ids.get(i := id(a)) or i)"
+    ),
     __file__,
     "exec",
 )
 _GENERIC_CODE = compile(
     _SHIM_SOURCE.format(
-        params="*args, **kwargs", call=_GENERIC_CALL, first="(id(args[0]) if args else None)"
+        params="*args, **kwargs",
+        call=_GENERIC_CALL,
+        first="((module_ids.get(i := id(args[0])) or i) if args else None)",
     ),
     __file__,
     "exec",
@@ -104,12 +109,13 @@ _MISSING = object()
 class Recorder:
     """Shared state of one capture that shims write into. Appends are atomic under the GIL."""
 
-    __slots__ = ("hooks", "calls", "modules", "seq", "step_starts", "main_thread", "_factories")
+    __slots__ = ("hooks", "calls", "modules", "module_ids", "seq", "step_starts", "main_thread", "_factories")
 
     def __init__(self) -> None:
         self.hooks: list[tuple] = []
         self.calls: list[tuple] = []
-        self.modules: dict[int, Any] = {}  # every module called, by id: records name them by id
+        self.modules: list[Any] = []  # every module called: records name them by id
+        self.module_ids: dict[int, int] = {}  # id -> that same int, one object per module
         self.seq = itertools.count()
         self.step_starts: list[int] = []  # seq at which step 1, 2, ... began
         # Records of the thread that started the capture share this one int object (an ident is a
@@ -121,6 +127,7 @@ class Recorder:
             "ident": threading.get_ident,
             "main": self.main_thread,
             "append": self.hooks.append,
+            "module_ids": self.module_ids,
             "error_text": error_text,
             "_N": _MISSING,
         }
@@ -191,6 +198,7 @@ def make_call_impl(
     g_fwd_pre, g_fwd, g_bwd_pre, g_bwd = global_dicts
     append = rec.calls.append
     modules = rec.modules
+    module_ids = rec.module_ids
     counter = rec.seq
     clock = time.perf_counter_ns
     ident = threading.get_ident
@@ -209,9 +217,10 @@ def make_call_impl(
             or g_bwd
         ):
             before_call(self)
-        key = id(self)
-        if key not in modules:
-            modules[key] = self
+        key = module_ids.get(id(self))
+        if key is None:
+            key = module_ids[id(self)] = id(self)
+            modules.append(self)
         seq = next(counter)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         t0 = clock()
