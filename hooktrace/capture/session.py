@@ -52,6 +52,7 @@ _WRAP_AT_REGISTRATION = {kind for _, kind in STATE_DICTS} | {
 }
 
 _HOOK_FIELDS = tuple(f.name for f in dataclasses.fields(Hook))
+_STATE_KINDS = frozenset(kind for _, kind in STATE_DICTS)
 
 _ACTIVE: Optional[TraceSession] = None
 
@@ -450,7 +451,7 @@ class TraceSession:
             owner,
             scope == "global" or (kind in _MODULE_FIRST and scope == "module"),
         )
-        if hasattr(value, "_from_public_api"):  # state_dict() reads it to choose the calling convention
+        if kind in _STATE_KINDS and hasattr(value, "_from_public_api"):  # state_dict() reads it
             shim._from_public_api = value._from_public_api
         shim.__wrapped__ = value
         key = id(shim)
@@ -621,8 +622,13 @@ class TraceSession:
                 tensor = f"{how} {owner_path or ROOT}"
             else:
                 tensor = "tensor"
-        fields = {name: getattr(r, name) for name in _HOOK_FIELDS}
-        return Hook(**{**fields, "module": module, "tensor": tensor})
+        # the record's Hook fields as they are (a _Record is a Hook), without the dataclass __init__
+        hook = object.__new__(Hook)
+        values = r.__dict__
+        hook.__dict__.update({name: values[name] for name in _HOOK_FIELDS})
+        hook.module = module
+        hook.tensor = tensor
+        return hook
 
     def _release(self) -> None:
         """The trace keeps no references to tensors, modules or hooks after the block."""
