@@ -111,6 +111,12 @@ def inferred_prepends(keys: list[int]) -> set[int]:
 OnRegister = Callable[[RemovableHandle, str, Any, dict, Any], None]
 
 
+@functools.cache
+def _signature(function: Callable[..., Any]) -> inspect.Signature:
+    """The signature of one of PyTorch's register_* functions (the same few in every capture)."""
+    return inspect.signature(function)
+
+
 class Interceptor:
     """Installs and removes the registration patches; reports each registration once.
 
@@ -171,7 +177,7 @@ class Interceptor:
     def _wrap_register(
         self, original: Callable[..., Any], kind: str, is_global: bool = False
     ) -> Callable[..., Any]:
-        signature = inspect.signature(original)
+        signature = _signature(original)
         local = self._local
         on_register = self._on_register
 
