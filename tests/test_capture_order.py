@@ -243,6 +243,54 @@ def test_registered_and_removed_during_run_and_direct_dict_insertion():
     assert {"registered-during-run", "never-fired"} <= rules
 
 
+class _CallableHook:
+    """A hook object of the awkward sort: unhashable, or equal to everything."""
+
+    def __init__(self, zoo: Zoo, label: str, *, hashable: bool) -> None:
+        self.zoo, self.label = zoo, label
+        if not hashable:
+            self.__class__ = _UnhashableHook
+
+    def __call__(self, *args):
+        self.zoo.log.append(self.label)
+
+    def __eq__(self, other):  # claims to equal any object, shims included
+        return True
+
+    __hash__ = object.__hash__
+
+
+class _UnhashableHook(_CallableHook):
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_unhashable_and_equal_to_everything_hook_objects_are_traced():
+    """`_call_impl` checks the call dicts against a set of shims; hook objects that are unhashable or
+    compare equal to everything must still be wrapped when they appear, registered or put straight in."""
+    m = model()
+    zoo = Zoo()
+    x = torch.randn(3, 4)
+    placed = []  # (dict, id, object) as the user put them
+    with hooktrace.trace(m) as t:
+        run(m, zoo, x)  # the shims exist, so a new object could be taken for one of them
+        for i, (module, hashable) in enumerate([(m[0].fc, False), (m[1].fc, True), (m[2], False)]):
+            hook = _CallableHook(zoo, f"obj{i}", hashable=hashable)
+            handle = module.register_forward_hook(hook)
+            zoo.labels[handle.id] = f"obj{i}"
+            placed.append((module._forward_hooks, handle.id, hook))
+            direct = torch.utils.hooks.RemovableHandle(module._forward_pre_hooks)
+            obj = _CallableHook(zoo, f"direct{i}", hashable=hashable)
+            module._forward_pre_hooks[direct.id] = obj
+            zoo.labels[direct.id] = f"direct{i}"
+            placed.append((module._forward_pre_hooks, direct.id, obj))
+        t.mark_step()
+        run(m, zoo, x)
+    assert len(zoo.log) == 6
+    check(zoo, t.trace)
+    for d, hid, obj in placed:
+        assert d[hid] is obj  # the user's object back, not a shim
+
+
 def test_always_call_hooks_run_after_forward_raises():
     class Boom(nn.Module):
         def forward(self, x):
@@ -476,9 +524,11 @@ def test_trace_keeps_no_model_or_tensor_alive():
     m = model()
     x = torch.randn(3, 4, requires_grad=True)
     with hooktrace.trace(m) as t:
+        m[0].register_forward_hook(lambda mod, args, output: (m, x) and None)  # a hook holding both
         out = m(x)
         out.register_hook(lambda g: None)
         out.sum().backward()
+    # the trace is built when first used, from what the block left: that must hold no model or tensor
     refs = [weakref.ref(m), weakref.ref(x), weakref.ref(out)]
     del m, x, out
     gc.collect()

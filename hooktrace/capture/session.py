@@ -79,6 +79,19 @@ class _Final:
 
 
 @dataclass
+class _Pending:
+    """What a finished capture leaves for building its trace: ints, strings and records only."""
+
+    meta: Meta
+    modules: list[Module]
+    records: list[_Record]  # in the trace's hook order, module/tensor filled in, live refs dropped
+    paths: dict[int, str]  # id of a module at capture time -> its path
+    hook_calls: list[tuple]  # Recorder.hooks
+    module_calls: list[tuple]  # Recorder.calls
+    step_starts: list[int]
+
+
+@dataclass
 class _Site:
     registered_at: Optional[str]
     registered_by: Optional[str]
@@ -94,6 +107,7 @@ class TraceSession:
         self._meta = Meta(target=target)
         self._meta_overrides: dict[str, Any] = {}
         self._trace: Optional[Trace] = None
+        self._pending: Optional[_Pending] = None  # what the trace is built from, at first use
         self._rec = shims.Recorder()
         self._records: dict[int, _Record] = {}
         self._sites: dict[int, _Site] = {}  # registrations seen, by handle id
@@ -103,6 +117,7 @@ class TraceSession:
         self._tensor_dicts: list[tuple[Any, str, Any]] = []  # (ref to dict, kind, tensor weakref or None)
         self._paths: dict[int, str] = {}
         self._keep: dict[int, Any] = {}  # modules seen, kept alive so their ids stay unique until the end
+        self._call_shims: set[Any] = set()  # module and global shims: `_call_impl` checks dicts against it
         self._global_call_dicts: list[tuple[dict, str]] = []
         self._interceptor: Optional[registry.Interceptor] = None
         self._original_call_impl: Any = None
@@ -118,7 +133,7 @@ class TraceSession:
                 "hooktrace.trace() is already active; nested or concurrent tracing is not supported. "
                 "Finish the outer `with hooktrace.trace(...)` block first."
             )
-        if self._trace is not None:
+        if self._trace is not None or self._pending is not None:
             raise RuntimeError("this hooktrace.trace() session has already run; create a new one")
         _ACTIVE = self
         self._active = True
@@ -157,8 +172,14 @@ class TraceSession:
 
     @property
     def trace(self) -> Trace:
+        """The trace, built at first use from what the block left (see `_snapshot`)."""
         if self._trace is None:
-            raise RuntimeError("the trace is available after the `with hooktrace.trace(...)` block ends")
+            pending = self._pending
+            if pending is None:
+                raise RuntimeError("the trace is available after the `with hooktrace.trace(...)` block ends")
+            with gc_paused():
+                self._trace = self._build_trace(pending)
+            self._pending = None
         return self._trace
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,7 +197,7 @@ class TraceSession:
         found = (registry.global_dict(attr) for attr, _ in GLOBAL_DICTS[:4])
         global_dicts = tuple(empty if d is None else d for d in found)
         call_impl = shims.make_call_impl(
-            self._rec, self._original_call_impl, self._before_call, self._on_output, global_dicts
+            self._rec, self._original_call_impl, self._before_call, self._on_output, global_dicts, self._call_shims
         )
         torch.nn.Module._call_impl = call_impl
         self._run_codes = {call_impl.__code__}
@@ -209,7 +230,7 @@ class TraceSession:
             _ACTIVE = None
             self._active = False
         try:
-            self._trace = self._build_trace(final or self._final_pass())
+            self._pending = self._snapshot(final or self._final_pass())
         finally:
             self._release()
 
@@ -404,7 +425,8 @@ class TraceSession:
 
     # -- wrapping ------------------------------------------------------------------------
     def _before_call(self, module: Any) -> None:
-        """Runs at every module call: wrap hooks that appeared since the last look."""
+        """Wrap hooks that appeared since the last look: runs when a module call finds something in
+        its call dicts (or the global ones) that is not one of this capture's shims."""
         known = self._shims
         md = module.__dict__
         for attr, kind in CALL_DICTS:
@@ -456,9 +478,11 @@ class TraceSession:
         shim.__wrapped__ = value
         key = id(shim)
         shims_table = self._shims
-        self._shims[key] = (weakref.ref(shim, lambda _r: shims_table.pop(key, None)), _ref(d), hid)
-        if scope != "tensor":
-            self._keep[key] = shim  # module and global shims live as long as the capture
+        if scope == "tensor":  # the shim dies with its tensor's dict, and leaves the table then
+            shims_table[key] = (weakref.ref(shim, lambda _r: shims_table.pop(key, None)), _ref(d), hid)
+        else:  # module and global shims live as long as the capture
+            shims_table[key] = (weakref.ref(shim), _ref(d), hid)
+            self._call_shims.add(shim)
         d[hid] = shim
         return record
 
@@ -533,48 +557,62 @@ class TraceSession:
                 self._wrap_dict(d, kind, None, "global")
 
     # -- finalisation --------------------------------------------------------------------
-    def _build_trace(self, final: _Final) -> Trace:
-        model = self._model
+    def _snapshot(self, final: _Final) -> _Pending:
+        """What the trace is built from, with no reference left to a module, tensor or hook.
+
+        Only what needs the live objects happens here, at the end of the block (module paths and
+        tensor names of the hooks, the device); events, hooks and surprises are made when the trace
+        is first used, so leaving the block costs little more than putting the hook dicts back.
+        """
         paths = {**self._paths, **final.paths}
-        hooks = [self._to_hook(r, paths, final.params) for r in self._ordered_records(final.order)]
-        events = self._events(paths, {h.id: h for h in hooks})
+        records = self._ordered_records(final.order)
+        for r in records:
+            r.module, r.tensor = self._hook_place(r, paths, final.params)
+            r.owner = r.tensor_ref = r.tensor_desc = None
         meta = self._meta
         meta.torch = torch.__version__
         meta.python = platform.python_version()
         meta.steps = self._rec.steps
-        meta.device = _device_of(model)
+        meta.device = _device_of(self._model)
+        rec = self._rec
+        return _Pending(meta, final.modules, records, paths, rec.hooks, rec.calls, rec.step_starts)
+
+    def _build_trace(self, pending: _Pending) -> Trace:
+        hooks = [_to_hook(r) for r in pending.records]
+        events = self._events(pending, {h.id: h for h in hooks})
+        meta = pending.meta
         for key, value in self._meta_overrides.items():
             setattr(meta, key, value)
-        trace = Trace(meta=meta, modules=final.modules, hooks=hooks, events=events)
+        trace = Trace(meta=meta, modules=pending.modules, hooks=hooks, events=events)
         trace.surprises = find_surprises(trace)
         return trace
 
-    def _events(self, paths: dict[int, str], hooks: dict[int, Hook]) -> list[Event]:
+    def _events(self, pending: _Pending, hooks: dict[int, Hook]) -> list[Event]:
         """Compact records -> SPEC events, in `seq` order, renumbered 0.. without gaps.
 
         A forward-kind hook takes the phase of the innermost module call open on its thread (it runs
         inside that call's `_call_impl`): `recompute` when that call started during backward.
         """
         start = self._start_ns
-        rec = self._rec
+        paths = pending.paths
         info = {
             hid: (h.kind, _PHASE_OF_KIND.get(h.kind, shims.OTHER), h.module if h.scope == "tensor" else None)
             for hid, h in hooks.items()
         }
         raw: list[tuple] = []
         append = raw.append
-        for seq, hid, tid, t0, t1, outcome, module_id in rec.hooks:
+        for seq, hid, tid, t0, t1, outcome, module_id in pending.hook_calls:
             kind, phase, tensor_module = info[hid]
             path = paths.get(module_id) if module_id is not None else tensor_module
             error = outcome if outcome.__class__ is str else None
             append((seq, "hook", phase, path, hid, kind, tid, t0 - start, t1 - t0, outcome is True, error))
-        for enter, leave, phase, module_id, tid, t0, t1, error in rec.calls:
+        for enter, leave, phase, module_id, tid, t0, t1, error in pending.module_calls:
             path = paths.get(module_id)
             append((enter, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
             append((leave, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))
         raw.sort(key=itemgetter(0))
 
-        starts = [*rec.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
+        starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
         step = 0
         open_calls: dict[int, list[str]] = {}  # thread -> phases of the module calls open on it
         new = tuple.__new__  # Event's fields in order, without NamedTuple's Python-level __new__
@@ -606,29 +644,25 @@ class TraceSession:
                 ordered.append(record)
         return ordered
 
-    def _to_hook(self, r: _Record, paths: dict[int, str], params: dict[int, tuple[str, str]]) -> Hook:
+    @staticmethod
+    def _hook_place(
+        r: _Record, paths: dict[int, str], params: dict[int, tuple[str, str]]
+    ) -> tuple[Optional[str], Optional[str]]:
+        """The hook's `module` and `tensor` fields (SPEC §4)."""
         module = paths.get(id(r.owner)) if r.owner is not None else None
-        tensor = None
-        if r.scope == "tensor":
-            t = r.tensor_ref() if r.tensor_ref is not None else None
-            if t is not None and id(t) in params:
-                module, pname = params[id(t)]
-                tensor = f"{module}.{pname}" if module else pname
-            elif r.tensor_desc is not None:
-                how, owner = r.tensor_desc
-                owner_path = paths.get(id(owner)) if owner is not None else None
-                if owner_path is None:
-                    owner_path = type(owner).__name__
-                tensor = f"{how} {owner_path or ROOT}"
-            else:
-                tensor = "tensor"
-        # the record's Hook fields as they are (a _Record is a Hook), without the dataclass __init__
-        hook = object.__new__(Hook)
-        values = r.__dict__
-        hook.__dict__.update({name: values[name] for name in _HOOK_FIELDS})
-        hook.module = module
-        hook.tensor = tensor
-        return hook
+        if r.scope != "tensor":
+            return module, None
+        t = r.tensor_ref() if r.tensor_ref is not None else None
+        if t is not None and id(t) in params:
+            module, pname = params[id(t)]
+            return module, (f"{module}.{pname}" if module else pname)
+        if r.tensor_desc is not None:
+            how, owner = r.tensor_desc
+            owner_path = paths.get(id(owner)) if owner is not None else None
+            if owner_path is None:
+                owner_path = type(owner).__name__
+            return module, f"{how} {owner_path or ROOT}"
+        return module, "tensor"
 
     def _release(self) -> None:
         """The trace keeps no references to tensors, modules or hooks after the block."""
@@ -637,12 +671,22 @@ class TraceSession:
         self._sites.clear()
         self._tensor_dicts.clear()
         self._keep.clear()
+        self._call_shims.clear()
         self._paths.clear()
         self._global_call_dicts.clear()
         self._outputs.clear()
-        self._rec = shims.Recorder()
+        rec = self._rec  # its records now belong to the pending trace, and its modules go
+        rec.hooks, rec.calls, rec.modules, rec.module_ids = [], [], [], {}
         self._model = None
         self._interceptor = None
+
+
+def _to_hook(r: _Record) -> Hook:
+    """The record's Hook fields as they are (a _Record is a Hook), without the dataclass __init__."""
+    hook = object.__new__(Hook)
+    values = r.__dict__
+    hook.__dict__.update({name: values[name] for name in _HOOK_FIELDS})
+    return hook
 
 
 def _ref(d: dict) -> Any:

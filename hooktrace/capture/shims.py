@@ -186,14 +186,15 @@ def make_call_impl(
     before_call: Callable[[Any], None],
     on_output: Callable[[Any, Any], None],
     global_dicts: tuple[dict, dict, dict, dict],
+    known: set,
 ) -> Callable[..., Any]:
     """Replacement for `nn.Module._call_impl`: wraps new hooks, records `enter` and `exit`.
 
     `before_call(module)` wraps hooks that appeared in the module's or the global call dicts
-    (`global_dicts`: forward pre, forward, backward pre, backward); it is skipped for modules the
-    original `_call_impl` would run without hooks. `on_output(module, result)` sees the output of
-    modules with full backward hooks, so tensor hooks registered on it later can be named
-    "output of <module>".
+    (`global_dicts`: forward pre, forward, backward pre, backward); it runs only when one of them
+    holds something that is not in `known` (the capture's module and global shims), a C-level set
+    check per non-empty dict. `on_output(module, result)` sees the output of modules with full
+    backward hooks, so tensor hooks registered on it later can be named "output of <module>".
     """
     g_fwd_pre, g_fwd, g_bwd_pre, g_bwd = global_dicts
     append = rec.calls.append
@@ -204,18 +205,27 @@ def make_call_impl(
     ident = threading.get_ident
     main = rec.main_thread
     graph_task = _graph_task_id
+    wrapped = known.issuperset
 
     def hooktrace_call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if (
-            self._forward_pre_hooks
-            or self._forward_hooks
-            or self._backward_pre_hooks
-            or self._backward_hooks
-            or g_fwd_pre
-            or g_fwd
-            or g_bwd_pre
-            or g_bwd
-        ):
+        md = self.__dict__
+        fw_pre = md.get("_forward_pre_hooks")
+        fw = md.get("_forward_hooks")
+        bw_pre = md.get("_backward_pre_hooks")
+        bw = md.get("_backward_hooks")
+        try:
+            if (
+                (fw_pre and not wrapped(fw_pre.values()))
+                or (fw and not wrapped(fw.values()))
+                or (bw_pre and not wrapped(bw_pre.values()))
+                or (bw and not wrapped(bw.values()))
+                or (g_fwd_pre and not wrapped(g_fwd_pre.values()))
+                or (g_fwd and not wrapped(g_fwd.values()))
+                or (g_bwd_pre and not wrapped(g_bwd_pre.values()))
+                or (g_bwd and not wrapped(g_bwd.values()))
+            ):
+                before_call(self)
+        except TypeError:  # an unhashable hook object: the slow look decides
             before_call(self)
         key = module_ids.get(id(self))
         if key is None:
@@ -238,7 +248,7 @@ def make_call_impl(
         if tid == main:
             tid = main
         append((seq, next(counter), phase, key, tid, t0, t1, None))
-        if self._backward_pre_hooks or self._backward_hooks or g_bwd_pre or g_bwd:
+        if bw_pre or bw or g_bwd_pre or g_bwd:
             on_output(self, result)
         return result
 
