@@ -524,7 +524,7 @@ def test_trace_keeps_no_model_or_tensor_alive():
     m = model()
     x = torch.randn(3, 4, requires_grad=True)
     with hooktrace.trace(m) as t:
-        m[0].register_forward_hook(lambda mod, args, output: (m, x) and None)  # a hook holding both
+        m[0].register_forward_hook(lambda mod, args, output, held=(m, x): None)  # a hook holding both
         out = m(x)
         out.register_hook(lambda g: None)
         out.sum().backward()

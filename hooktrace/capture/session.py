@@ -197,7 +197,12 @@ class TraceSession:
         found = (registry.global_dict(attr) for attr, _ in GLOBAL_DICTS[:4])
         global_dicts = tuple(empty if d is None else d for d in found)
         call_impl = shims.make_call_impl(
-            self._rec, self._original_call_impl, self._before_call, self._on_output, global_dicts, self._call_shims
+            self._rec,
+            self._original_call_impl,
+            self._before_call,
+            self._on_output,
+            global_dicts,
+            self._call_shims,
         )
         torch.nn.Module._call_impl = call_impl
         self._run_codes = {call_impl.__code__}
