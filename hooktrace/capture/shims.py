@@ -17,7 +17,8 @@ of the module call they ran in, which the module-call record has; the rest: `oth
 
 What a shim call costs, in order: one counter step, two clock reads, one thread ident, one tuple
 appended to a list. The hook kinds PyTorch calls with 1-4 positional arguments (forward, backward
-and tensor hooks) get a shim with that signature, which saves packing `*args, **kwargs` per call.
+and tensor hooks) get a shim with positional parameters, which saves packing `*args, **kwargs` per
+call, and which tests the argument count PyTorch uses for that kind first.
 """
 
 from __future__ import annotations
@@ -31,10 +32,18 @@ import torch
 
 FORWARD, BACKWARD, RECOMPUTE, OTHER = "forward", "backward", "recompute", "other"
 
-# Kinds PyTorch calls with one to four positional arguments (module first, except tensor hooks).
-POSITIONAL_KINDS = frozenset(
-    {"forward_pre", "forward", "backward_pre", "backward", "backward_legacy", "grad", "post_accumulate_grad"}
-)
+# Kinds PyTorch calls with one to four positional arguments (module first, except tensor hooks), and
+# how many it passes without keyword flags (`with_kwargs` hooks get one more).
+ARITY = {
+    "grad": 1,
+    "post_accumulate_grad": 1,
+    "forward_pre": 2,
+    "backward_pre": 2,
+    "forward": 3,
+    "backward": 3,
+    "backward_legacy": 3,
+}
+POSITIONAL_KINDS = frozenset(ARITY)
 
 _graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
@@ -73,8 +82,12 @@ def factory(fn, hook_id, module_id, from_args):
         return result
     return hooktrace_shim
 """
+# The shim of a positional kind takes any number of arguments and passes exactly those on; the
+# count PyTorch uses for its kind is tested first.
 _POSITIONAL_CALL = """\
-            if more:
+            if {usual}:
+                result = fn({usual_args})
+            elif more:
                 result = fn(a, b, c, d, *more)
             elif d is not _N:
                 result = fn(a, b, c, d)
@@ -84,16 +97,27 @@ _POSITIONAL_CALL = """\
                 result = fn(a, b)
             else:
                 result = fn(a)"""
+_USUAL = {
+    1: ("b is _N", "a"),
+    2: ("c is _N and b is not _N", "a, b"),
+    3: ("d is _N and c is not _N", "a, b, c"),
+    4: ("not more and d is not _N", "a, b, c, d"),
+}
 _GENERIC_CALL = "            result = fn(*args, **kwargs)"
 
 # fixed templates compiled once, as namedtuple and dataclasses do
-_POSITIONAL_CODE = compile(
-    _SHIM_SOURCE.format(
-        params="a, b=_N, c=_N, d=_N, *more", call=_POSITIONAL_CALL, first="(module_ids.get(i := id(a)) or i)"
-    ),
-    __file__,
-    "exec",
-)
+_POSITIONAL_CODES = {
+    n: compile(
+        _SHIM_SOURCE.format(
+            params="a, b=_N, c=_N, d=_N, *more",
+            call=_POSITIONAL_CALL.format(usual=test, usual_args=args),
+            first="(module_ids.get(i := id(a)) or i)",
+        ),
+        __file__,
+        "exec",
+    )
+    for n, (test, args) in _USUAL.items()
+}
 _GENERIC_CODE = compile(
     _SHIM_SOURCE.format(
         params="*args, **kwargs",
@@ -131,11 +155,11 @@ class Recorder:
             "error_text": error_text,
             "_N": _MISSING,
         }
-        self._factories = []
-        for code in (_POSITIONAL_CODE, _GENERIC_CODE):
+        self._factories: dict[Optional[int], Callable[..., Any]] = {}  # by arity; None: generic
+        for arity, code in (*_POSITIONAL_CODES.items(), (None, _GENERIC_CODE)):
             namespace = dict(shared)
             exec(code, namespace)  # noqa: S102 - defines `factory` over this capture's shared state
-            self._factories.append(namespace["factory"])
+            self._factories[arity] = namespace["factory"]
 
     def mark_step(self) -> None:
         self.step_starts.append(next(self.seq))
@@ -156,12 +180,11 @@ def make_shim(
     module_from_args: the module is the hook's first argument (global hooks, and module hooks whose
     PyTorch calling convention passes it), else the bound `module`.
     """
-    positional, generic = rec._factories
-    factory = positional if kind in POSITIONAL_KINDS else generic
+    factory = rec._factories[ARITY.get(kind)]
     return factory(fn, hook_id, None if module is None else id(module), module_from_args)
 
 
-SHIM_CODES = frozenset(factory(None, -1, None, False).__code__ for factory in Recorder()._factories)
+SHIM_CODES = frozenset(factory(None, -1, None, False).__code__ for factory in Recorder()._factories.values())
 
 
 def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
