@@ -540,9 +540,14 @@ class TraceSession:
         if not isinstance(model, torch.nn.Module):
             return
         params: dict[int, Any] = {}
+        module_ids = self._rec.module_ids  # known now, so a module's first call does not add it
         for path, module in model.named_modules():
-            self._paths[id(module)] = path
-            self._keep.setdefault(id(module), module)
+            key = id(module)
+            self._paths[key] = path
+            self._keep.setdefault(key, module)
+            if key not in module_ids:
+                module_ids[key] = key
+                self._rec.modules.append(module)
             md = module.__dict__
             for attr, kind in MODULE_DICTS:
                 d = md.get(attr)
