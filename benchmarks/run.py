@@ -131,6 +131,7 @@ def _overhead_rows(
         return time.perf_counter() - t0
 
     events = []
+    builds = []
 
     def traced() -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -139,7 +140,8 @@ def _overhead_rows(
             step()
             t2 = time.perf_counter()
         t3 = time.perf_counter()
-        events.append(len(session.trace.events))
+        events.append(len(session.trace.events))  # the trace is built here, at first use
+        builds.append(time.perf_counter() - t3)
         return t2 - t1, t3 - t0
 
     results = _interleaved(untraced, traced, pairs)
@@ -162,6 +164,7 @@ def _overhead_rows(
             "untraced_ms": base * 1e3,
             "traced_step_ms": statistics.median(t[0] for _, t in results) * 1e3,
             "session_ms": statistics.median(t[1] for _, t in results) * 1e3,
+            "trace_build_ms": statistics.median(builds) * 1e3,
             "pairs": pairs,
         },
     )
