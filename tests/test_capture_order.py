@@ -556,3 +556,34 @@ def test_hook_registered_on_the_module_during_its_own_call_is_traced():
         handle.remove()
     check(zoo, t.trace)
     assert zoo.log == ["adds_to_itself", "same_call_fwd"]
+
+
+def test_register_function_kept_from_inside_a_capture_passes_through_afterwards():
+    """`from torch.nn.modules.module import register_module_forward_hook` run inside the block binds
+    hooktrace's patched function; called after the block it must just register, and a later capture
+    must trace that hook like any other."""
+    m = model()
+    zoo = Zoo()
+    with hooktrace.trace(m):
+        from torch.nn.modules.module import register_module_forward_hook as kept
+
+        kept_method = m[2].register_forward_pre_hook  # bound to the patched method
+        kept_state = m[2].register_state_dict_pre_hook  # a kind wrapped the moment it is registered
+    assert kept is not nn_module.register_module_forward_hook  # the patch, kept past the block
+    handles = [kept(zoo.fn("kept_global")), kept_method(zoo.fn("kept_method"))]
+    zoo.labels[handles[0].id], zoo.labels[handles[1].id] = "kept_global", "kept_method"
+    state_hook = zoo.fn("kept_state")
+    handles.append(kept_state(state_hook))
+    assert list(m[2]._state_dict_pre_hooks.values()) == [state_hook]  # the hook itself, no shim
+    assert_no_shims(snapshot_dicts(m))
+    try:
+        run(m, zoo)
+        assert zoo.log.count("kept_global") == len(list(m.modules())) and zoo.log.count("kept_method") == 1
+        zoo.log.clear()
+        with hooktrace.trace(m) as t:
+            run(m, zoo)
+        check(zoo, t.trace)
+        assert t.trace.hook(handles[0].id).registered_at is None  # registered before this capture
+    finally:
+        for handle in handles:
+            handle.remove()

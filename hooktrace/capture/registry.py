@@ -117,6 +117,80 @@ def _signature(function: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(function)
 
 
+# The interceptor of the capture that is running (captures do not nest), and the wrappers it
+# patches in. The wrappers are made once per process, for each of PyTorch's functions, and report
+# to whichever interceptor is installed; a reference to one kept after its capture (a
+# `from torch.nn.modules.module import register_...` run inside the block) passes calls straight
+# through. Nested registrations (a register_* calling another) are counted per thread.
+_installed: Optional[Interceptor] = None
+_depth = threading.local()
+_wrappers: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
+def _register_wrapper(original: Callable[..., Any], kind: str, is_global: bool) -> Callable[..., Any]:
+    key = (original, kind, is_global)
+    wrapper = _wrappers.get(key)
+    if wrapper is not None:
+        return wrapper
+    signature = _signature(original)
+
+    @functools.wraps(original)
+    def register(*args: Any, **kwargs: Any) -> Any:
+        interceptor = _installed
+        if interceptor is None or getattr(_depth, "depth", 0) > 0:  # no capture, or nested
+            return original(*args, **kwargs)
+        _depth.depth = 1
+        try:
+            handle = original(*args, **kwargs)
+        finally:
+            _depth.depth = 0
+        if isinstance(handle, RemovableHandle):
+            try:
+                arguments = signature.bind(*args, **kwargs).arguments
+            except TypeError:
+                arguments = {}
+            owner = None if is_global else args[0]
+            interceptor._on_register(handle, kind, owner, arguments, sys._getframe(1))
+        return handle
+
+    _wrappers[key] = register
+    return register
+
+
+def _handle_init_wrapper(original: Callable[..., None]) -> Callable[..., None]:
+    key = (original, "__init__")
+    wrapper = _wrappers.get(key)
+    if wrapper is not None:
+        return wrapper
+
+    @functools.wraps(original)
+    def __init__(handle: RemovableHandle, *args: Any, **kwargs: Any) -> None:
+        original(handle, *args, **kwargs)
+        interceptor = _installed
+        if interceptor is not None and getattr(_depth, "depth", 0) == 0:
+            interceptor._on_handle(handle, sys._getframe(1))
+
+    _wrappers[key] = __init__
+    return __init__
+
+
+def _remove_wrapper(original: Callable[..., None]) -> Callable[..., None]:
+    key = (original, "remove")
+    wrapper = _wrappers.get(key)
+    if wrapper is not None:
+        return wrapper
+
+    @functools.wraps(original)
+    def remove(handle: RemovableHandle) -> None:
+        interceptor = _installed
+        if interceptor is not None:
+            interceptor._on_remove(handle)
+        original(handle)
+
+    _wrappers[key] = remove
+    return remove
+
+
 class Interceptor:
     """Installs and removes the registration patches; reports each registration once.
 
@@ -124,7 +198,7 @@ class Interceptor:
     hook (owner: the module, the tensor, or None for global hooks). `on_handle(handle, frame)` is
     called for handles created outside the patched entry points (stale references to the global
     functions, code that builds handles and fills hook dicts itself). `on_remove(handle)` before
-    a handle removes its hook.
+    a handle removes its hook. One interceptor is installed at a time.
     """
 
     def __init__(
@@ -136,89 +210,47 @@ class Interceptor:
         self._on_register = on_register
         self._on_handle = on_handle
         self._on_remove = on_remove
-        self._local = threading.local()
         self._saved: list[tuple[Any, str, Any]] = []
 
     # -- install / restore ---------------------------------------------------------------
     def install(self) -> None:
+        global _installed
+        if _installed is not None:
+            raise RuntimeError("another capture's registration patches are installed")
+        _installed = self
         try:
             for name, kind in MODULE_METHODS:
                 if name in vars(torch.nn.Module):
-                    self._patch(torch.nn.Module, name, self._wrap_register(vars(torch.nn.Module)[name], kind))
+                    self._patch(
+                        torch.nn.Module, name, _register_wrapper(vars(torch.nn.Module)[name], kind, False)
+                    )
             for name, kind in TENSOR_METHODS:
                 if name in vars(torch.Tensor):
-                    self._patch(torch.Tensor, name, self._wrap_register(vars(torch.Tensor)[name], kind))
+                    self._patch(torch.Tensor, name, _register_wrapper(vars(torch.Tensor)[name], kind, False))
             for name, kind in GLOBAL_FUNCTIONS:
                 original = getattr(nn_module, name, None)
                 if original is None:
                     continue
-                patched = self._wrap_register(original, kind, is_global=True)
+                patched = _register_wrapper(original, kind, True)
                 for namespace in (nn_module, torch.nn.modules, torch.nn):
                     if getattr(namespace, name, None) is original:
                         self._patch(namespace, name, patched)
-            self._patch(RemovableHandle, "__init__", self._wrap_handle_init(RemovableHandle.__init__))
-            self._patch(RemovableHandle, "remove", self._wrap_remove(RemovableHandle.remove))
+            self._patch(RemovableHandle, "__init__", _handle_init_wrapper(vars(RemovableHandle)["__init__"]))
+            self._patch(RemovableHandle, "remove", _remove_wrapper(vars(RemovableHandle)["remove"]))
         except BaseException:
             self.restore()
             raise
 
     def restore(self) -> None:
+        global _installed
         while self._saved:
             owner, name, original = self._saved.pop()
             setattr(owner, name, original)
+        if _installed is self:
+            _installed = None
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
         self._saved.append(
             (owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name))
         )
         setattr(owner, name, replacement)
-
-    # -- wrappers ------------------------------------------------------------------------
-    def _wrap_register(
-        self, original: Callable[..., Any], kind: str, is_global: bool = False
-    ) -> Callable[..., Any]:
-        signature = _signature(original)
-        local = self._local
-        on_register = self._on_register
-
-        @functools.wraps(original)
-        def register(*args: Any, **kwargs: Any) -> Any:
-            if getattr(local, "depth", 0) > 0:  # nested: a register_* that calls another one
-                return original(*args, **kwargs)
-            local.depth = 1
-            try:
-                handle = original(*args, **kwargs)
-            finally:
-                local.depth = 0
-            if isinstance(handle, RemovableHandle):
-                try:
-                    arguments = signature.bind(*args, **kwargs).arguments
-                except TypeError:
-                    arguments = {}
-                owner = None if is_global else args[0]
-                on_register(handle, kind, owner, arguments, sys._getframe(1))
-            return handle
-
-        return register
-
-    def _wrap_handle_init(self, original: Callable[..., None]) -> Callable[..., None]:
-        local = self._local
-        on_handle = self._on_handle
-
-        @functools.wraps(original)
-        def __init__(handle: RemovableHandle, *args: Any, **kwargs: Any) -> None:
-            original(handle, *args, **kwargs)
-            if getattr(local, "depth", 0) == 0:
-                on_handle(handle, sys._getframe(1))
-
-        return __init__
-
-    def _wrap_remove(self, original: Callable[..., None]) -> Callable[..., None]:
-        on_remove = self._on_remove
-
-        @functools.wraps(original)
-        def remove(handle: RemovableHandle) -> None:
-            on_remove(handle)
-            original(handle)
-
-        return remove
