@@ -536,6 +536,24 @@ def test_trace_keeps_no_model_or_tensor_alive():
     assert len(t.trace.events) > 0
 
 
+def test_a_shim_kept_and_called_after_the_block_adds_nothing_to_the_trace():
+    """The trace is built after the block, from the records the block made; a shim someone took out
+    of a hook dict during the run still works afterwards but is not part of that trace."""
+    m = model()
+    zoo = Zoo()
+    x = torch.randn(3, 4)
+    with hooktrace.trace(m) as t:
+        handle = zoo.module(m[2], "forward", "fwd")
+        out = run(m, zoo, x)
+        kept = m[2]._forward_hooks[handle.id]
+    assert m[2]._forward_hooks[handle.id] is not kept  # the dict holds the user's hook again
+    kept(m[2], (x,), out)  # the hook runs, as the user called it
+    assert zoo.log == ["fwd", "fwd"]
+    fired = [e for e in t.trace.events if e.type == "hook" and e.hook == handle.id]
+    assert len(fired) == 1
+    handle.remove()
+
+
 def test_hook_registered_on_the_module_during_its_own_call_is_traced():
     m = model()
     zoo = Zoo()

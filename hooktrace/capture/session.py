@@ -9,6 +9,7 @@ import sys
 import time
 import weakref
 from dataclasses import dataclass
+from itertools import islice
 from operator import itemgetter
 from types import FrameType
 from typing import Any, Optional
@@ -86,7 +87,8 @@ class _Pending:
     modules: list[Module]
     records: list[_Record]  # in the trace's hook order, module/tensor filled in, live refs dropped
     paths: dict[int, str]  # id of a module at capture time -> its path
-    hook_calls: list[tuple]  # Recorder.hooks
+    hook_calls: list[tuple]  # Recorder.hooks; a shim object kept and called after the block
+    n_hook_calls: int  # would still append to it: only the first n_hook_calls belong to the trace
     module_calls: list[tuple]  # Recorder.calls
     step_starts: list[int]
 
@@ -585,7 +587,9 @@ class TraceSession:
         meta.steps = self._rec.steps
         meta.device = _device_of(self._model)
         rec = self._rec
-        return _Pending(meta, final.modules, records, paths, rec.hooks, rec.calls, rec.step_starts)
+        return _Pending(
+            meta, final.modules, records, paths, rec.hooks, len(rec.hooks), rec.calls, list(rec.step_starts)
+        )
 
     def _build_trace(self, pending: _Pending) -> Trace:
         hooks = [_to_hook(r) for r in pending.records]
@@ -611,7 +615,7 @@ class TraceSession:
         }
         raw: list[tuple] = []
         append = raw.append
-        for seq, hid, tid, t0, t1, outcome, module_id in pending.hook_calls:
+        for seq, hid, tid, t0, t1, outcome, module_id in islice(pending.hook_calls, pending.n_hook_calls):
             kind, phase, tensor_module = info[hid]
             path = paths.get(module_id) if module_id is not None else tensor_module
             error = outcome if outcome.__class__ is str else None
@@ -685,8 +689,7 @@ class TraceSession:
         self._paths.clear()
         self._global_call_dicts.clear()
         self._outputs.clear()
-        rec = self._rec  # its records now belong to the pending trace, and its modules go
-        rec.hooks, rec.calls, rec.modules, rec.module_ids = [], [], [], {}
+        self._rec = shims.Recorder()  # the old one's record lists now belong to the pending trace
         self._model = None
         self._interceptor = None
 
