@@ -237,7 +237,7 @@ def make_call_impl(
         bw_pre = md.get("_backward_pre_hooks")
         bw = md.get("_backward_hooks")
         try:
-            if (
+            new_hooks = (
                 (fw_pre and not wrapped(fw_pre.values()))
                 or (fw and not wrapped(fw.values()))
                 or (bw_pre and not wrapped(bw_pre.values()))
@@ -246,9 +246,10 @@ def make_call_impl(
                 or (g_fwd and not wrapped(g_fwd.values()))
                 or (g_bwd_pre and not wrapped(g_bwd_pre.values()))
                 or (g_bwd and not wrapped(g_bwd.values()))
-            ):
-                before_call(self)
+            )
         except TypeError:  # an unhashable hook object: the slow look decides
+            new_hooks = True
+        if new_hooks:
             before_call(self)
         key = module_ids.get(id(self))
         if key is None:
@@ -271,7 +272,7 @@ def make_call_impl(
         if tid == main:
             tid = main
         append((seq, next(counter), phase, key, tid, t0, t1, None))
-        if bw_pre or bw or g_bwd_pre or g_bwd:
+        if bw_pre or bw or g_bwd_pre or g_bwd:  # as `_call_impl` read them before forward
             on_output(self, result)
         return result
 
