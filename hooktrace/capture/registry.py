@@ -117,21 +117,17 @@ def _signature(function: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(function)
 
 
-# The interceptor of the capture that is running (captures do not nest), and the wrappers it
-# patches in. The wrappers are made once per process, for each of PyTorch's functions, and report
+# The interceptor of the capture that is running (captures do not nest). The wrappers it patches
+# in are made once per process (cached), for each of PyTorch's functions, and report
 # to whichever interceptor is installed; a reference to one kept after its capture (a
 # `from torch.nn.modules.module import register_...` run inside the block) passes calls straight
 # through. Nested registrations (a register_* calling another) are counted per thread.
 _installed: Optional[Interceptor] = None
 _depth = threading.local()
-_wrappers: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 
+@functools.cache
 def _register_wrapper(original: Callable[..., Any], kind: str, is_global: bool) -> Callable[..., Any]:
-    key = (original, kind, is_global)
-    wrapper = _wrappers.get(key)
-    if wrapper is not None:
-        return wrapper
     signature = _signature(original)
 
     @functools.wraps(original)
@@ -153,16 +149,11 @@ def _register_wrapper(original: Callable[..., Any], kind: str, is_global: bool) 
             interceptor._on_register(handle, kind, owner, arguments, sys._getframe(1))
         return handle
 
-    _wrappers[key] = register
     return register
 
 
+@functools.cache
 def _handle_init_wrapper(original: Callable[..., None]) -> Callable[..., None]:
-    key = (original, "__init__")
-    wrapper = _wrappers.get(key)
-    if wrapper is not None:
-        return wrapper
-
     @functools.wraps(original)
     def __init__(handle: RemovableHandle, *args: Any, **kwargs: Any) -> None:
         original(handle, *args, **kwargs)
@@ -170,16 +161,11 @@ def _handle_init_wrapper(original: Callable[..., None]) -> Callable[..., None]:
         if interceptor is not None and getattr(_depth, "depth", 0) == 0:
             interceptor._on_handle(handle, sys._getframe(1))
 
-    _wrappers[key] = __init__
     return __init__
 
 
+@functools.cache
 def _remove_wrapper(original: Callable[..., None]) -> Callable[..., None]:
-    key = (original, "remove")
-    wrapper = _wrappers.get(key)
-    if wrapper is not None:
-        return wrapper
-
     @functools.wraps(original)
     def remove(handle: RemovableHandle) -> None:
         interceptor = _installed
@@ -187,7 +173,6 @@ def _remove_wrapper(original: Callable[..., None]) -> Callable[..., None]:
             interceptor._on_remove(handle)
         original(handle)
 
-    _wrappers[key] = remove
     return remove
 
 
