@@ -247,7 +247,7 @@ def make_call_impl(
                 or (g_bwd_pre and not wrapped(g_bwd_pre.values()))
                 or (g_bwd and not wrapped(g_bwd.values()))
             )
-        except TypeError:  # an unhashable hook object: the slow look decides
+        except Exception:  # a hook object that cannot be hashed or compared: the slow look decides
             new_hooks = True
         if new_hooks:
             before_call(self)
