@@ -83,7 +83,6 @@ class _Final:
 class _Pending:
     """What a finished capture leaves for building its trace: ints, strings and records only."""
 
-    meta: Meta
     modules: list[Module]
     records: list[_Record]  # in the trace's hook order, module/tensor filled in, live refs dropped
     paths: dict[int, str]  # id of a module at capture time -> its path
@@ -542,14 +541,11 @@ class TraceSession:
         if not isinstance(model, torch.nn.Module):
             return
         params: dict[int, Any] = {}
-        module_ids = self._rec.module_ids  # known now, so a module's first call does not add it
         for path, module in model.named_modules():
             key = id(module)
             self._paths[key] = path
             self._keep.setdefault(key, module)
-            if key not in module_ids:
-                module_ids[key] = key
-                self._rec.modules.append(module)
+            self._rec.module_key(module)  # known now, so the module's first call does not add it
             md = module.__dict__
             for attr, kind in MODULE_DICTS:
                 d = md.get(attr)
@@ -587,14 +583,13 @@ class TraceSession:
         meta.steps = self._rec.steps
         meta.device = _device_of(self._model)
         rec = self._rec
-        return _Pending(
-            meta, final.modules, records, paths, rec.hooks, len(rec.hooks), rec.calls, list(rec.step_starts)
-        )
+        # `_release` gives the session a new Recorder; these lists stay with the pending trace
+        return _Pending(final.modules, records, paths, rec.hooks, len(rec.hooks), rec.calls, rec.step_starts)
 
     def _build_trace(self, pending: _Pending) -> Trace:
         hooks = [_to_hook(r) for r in pending.records]
         events = self._events(pending, {h.id: h for h in hooks})
-        meta = pending.meta
+        meta = self._meta
         for key, value in self._meta_overrides.items():
             setattr(meta, key, value)
         trace = Trace(meta=meta, modules=pending.modules, hooks=hooks, events=events)

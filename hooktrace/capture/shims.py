@@ -161,6 +161,14 @@ class Recorder:
             exec(code, namespace)  # noqa: S102 - defines `factory` over this capture's shared state
             self._factories[arity] = namespace["factory"]
 
+    def module_key(self, module: Any) -> int:
+        """The int that records name `module` by (its id, one shared object); keeps it alive."""
+        key = self.module_ids.get(id(module))
+        if key is None:
+            key = self.module_ids[id(module)] = id(module)
+            self.modules.append(module)
+        return key
+
     def mark_step(self) -> None:
         self.step_starts.append(next(self.seq))
 
@@ -251,7 +259,7 @@ def make_call_impl(
             new_hooks = True
         if new_hooks:
             before_call(self)
-        key = module_ids.get(id(self))
+        key = module_ids.get(id(self))  # rec.module_key(self), inlined on the hot path
         if key is None:
             key = module_ids[id(self)] = id(self)
             modules.append(self)
