@@ -548,6 +548,7 @@ def test_a_shim_kept_and_called_after_the_block_adds_nothing_to_the_trace():
         out = run(m, zoo, x)
         kept = m[2]._forward_hooks[handle.id]
     assert m[2]._forward_hooks[handle.id] is not kept  # the dict holds the user's hook again
+    assert_no_shims(snapshot_dicts(m))
     kept(m[2], (x,), out)  # the hook runs, as the user called it
     assert zoo.log == ["fwd", "fwd"]
     fired = [e for e in t.trace.events if e.type == "hook" and e.hook == handle.id]
@@ -599,9 +600,11 @@ def test_register_function_kept_from_inside_a_capture_passes_through_afterwards(
         run(m, zoo)
         assert zoo.log.count("kept_global") == len(list(m.modules())) and zoo.log.count("kept_method") == 1
         zoo.log.clear()
+        before = snapshot_dicts(m)
         with hooktrace.trace(m) as t:
             run(m, zoo)
         check(zoo, t.trace)
+        assert snapshot_dicts(m) == before
         assert t.trace.hook(handles[0].id).registered_at is None  # registered before this capture
     finally:
         for handle in handles:
