@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "run.py"
 ROWS = {
@@ -30,6 +32,7 @@ ROWS = {
 }
 
 
+@pytest.mark.slow  # about 45 s: .ci/run runs it with -m slow, after the README's test command
 def test_quick_benchmark_reports_every_row(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,8 @@ from hooktrace.trace import Event, Hook, Meta, Module, Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
-SCRIPT = shutil.which("hooktrace")
+# the script installed beside this interpreter (a venv's bin/), whatever PATH says
+SCRIPT = str(Path(sys.executable).parent / ("hooktrace.exe" if os.name == "nt" else "hooktrace"))
 
 
 @contextlib.contextmanager
@@ -59,7 +59,7 @@ def invoke(*args: str) -> tuple[int, str, str]:
 
 
 def script(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
-    assert SCRIPT, "the hooktrace console script is not installed (pip install -e .)"
+    assert Path(SCRIPT).exists(), f"no hooktrace script beside {sys.executable} (pip install -e .)"
     return subprocess.run(
         [SCRIPT, *args],
         cwd=cwd,
