@@ -454,7 +454,7 @@ def bench_memory(quick: bool) -> list[Row]:
 # -- row 5: save + load of 1M events ------------------------------------------------------------------
 def synthetic_trace(n_events: int) -> Any:
     """A Trace shaped like a real one: 300 transformer-like module paths, 600 hooks, enter/hook/exit runs."""
-    from hooktrace.trace import Event, Hook, Meta, Module, Trace
+    from hooktrace.schema import Event, Hook, Meta, Module, Trace
 
     subs = ("self_attn", "self_attn.out_proj", "linear1", "dropout", "linear2", "norm1", "norm2", "dropout1")
     paths = [""] + [f"layers.{i}.{sub}" for i in range(38) for sub in subs][:300]

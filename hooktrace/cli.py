@@ -22,7 +22,7 @@ from .target import UsageError
 PIPE_WIDTH = 120
 
 if TYPE_CHECKING:
-    from .trace import Trace
+    from .schema import Trace
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 FORMATS = ("tree", "json", "dot", "svg", "chrome")
@@ -217,7 +217,7 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts:
 
 
 def _load_trace(path: Path) -> Trace:
-    from .trace import TraceFormatError, load
+    from .schema import TraceFormatError, load
 
     if not path.exists():
         raise UsageError(f"trace file not found: {path}; write one with hooktrace run TARGET -o {path.name}")

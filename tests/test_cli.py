@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import hooktrace
 from hooktrace.cli import app, main
-from hooktrace.trace import Event, Hook, Meta, Module, Trace
+from hooktrace.schema import Event, Hook, Meta, Module, Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hooktrace.analysis.diff import TraceDiff, diff_traces
-from hooktrace.trace import Event, Trace
+from hooktrace.schema import Event, Trace
 from tests.test_renderers_all import Builder, layers, recompute_two_steps, two_layer
 
 

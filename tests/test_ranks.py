@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from hooktrace import ranks
 from hooktrace.analysis.ranks import compare_pair, compare_ranks
 from hooktrace.ranks import (
     DIED,
@@ -30,8 +29,9 @@ from hooktrace.ranks import (
     run_options,
     run_ranks,
 )
+from hooktrace.ranks import launch as ranks
+from hooktrace.schema import Event, Hook, Meta, Trace, load
 from hooktrace.target import UsageError
-from hooktrace.trace import Event, Hook, Meta, Trace, load
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 

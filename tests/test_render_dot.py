@@ -12,7 +12,7 @@ from typing import Callable
 import pytest
 
 from hooktrace.render.dot import ERROR, GLOBAL, PREPEND, STOPPED, dot_source, svg
-from hooktrace.trace import Trace
+from hooktrace.schema import Trace
 from tests.test_renderers_all import SAMPLES, Builder, layers, recompute_two_steps, two_layer, with_errors
 
 HAS_DOT = shutil.which("dot") is not None

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import pytest
 
 from hooktrace.render.tree import build_tree, tree_text
-from hooktrace.trace import Event, Hook, Meta, Module, Surprise, Trace, load
+from hooktrace.schema import Event, Hook, Meta, Module, Surprise, Trace, load
 
 
 class TraceBuilder:

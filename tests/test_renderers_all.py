@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 from hooktrace.render import RENDERERS, RenderError, format_for_path, render, renderer
-from hooktrace.trace import Event, Hook, Meta, Module, Surprise, Trace, load
+from hooktrace.schema import Event, Hook, Meta, Module, Surprise, Trace, load
 
 HAS_DOT = shutil.which("dot") is not None
 
@@ -386,7 +386,7 @@ def test_rendering_imports_no_torch() -> None:
         "import sys\n"
         "from hooktrace.render import RENDERERS, render\n"
         "from hooktrace.analysis.diff import diff_traces\n"
-        "from hooktrace.trace import Trace\n"
+        "from hooktrace.schema import Trace\n"
         "t = Trace()\n"
         "for name in RENDERERS:\n"
         "    if name != 'svg':\n"

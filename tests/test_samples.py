@@ -10,7 +10,7 @@ import pytest
 
 import hooktrace
 from hooktrace.render.tree import tree_text
-from hooktrace.trace import Trace
+from hooktrace.schema import Trace
 
 from .test_cli import ROOT, invoke, script
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from hooktrace.trace import Event, Hook, Meta, Module, Surprise, Trace, TraceFormatError, load
+from hooktrace.schema import Event, Hook, Meta, Module, Surprise, Trace, TraceFormatError, load
 
-trace_module = sys.modules["hooktrace.trace"]
+trace_module = sys.modules["hooktrace.schema"]
 
 
 def sample() -> Trace:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Callable, Optional, Sequence
 
-from ..trace import ROOT, Event, Trace, gc_paused
+from ..schema import ROOT, Event, Trace, gc_paused
 
 FLAGS = ("prepend", "with_kwargs", "always_call")
 CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flags")

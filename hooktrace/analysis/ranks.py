@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..trace import Hook, Trace
+from ..schema import Hook, Trace
 from .diff import TraceDiff, diff_traces
 
 _MAX_DIFF_LINES = 8

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Iterable, Optional
 
-from ..trace import (
+from ..schema import (
     FORWARD_KINDS,
     REGISTRATION_KINDS,
     ROOT,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..analysis.surprises import is_internal_error
+from ..schema import Event, Hook, Trace
 from ..target import (
     Factory,
     Prepared,
@@ -21,7 +22,6 @@ from ..target import (
     resolve_device,
     torch_dtype,
 )
-from ..trace import Event, Hook, Trace
 
 
 @dataclass
@@ -231,7 +231,7 @@ def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[Inventor
     of that kind. Tensor hooks on parameters follow their module's rows, one row per tensor and kind.
     `live`: ids still registered (hooks the factory registered and removed again are left out).
     """
-    from ..trace import KINDS
+    from ..schema import KINDS
 
     hooks_now = [h for h in trace.hooks if (h.id in live if live is not None else not h.removed_during_run)]
     globals_by_kind: dict[str, list[Hook]] = {}

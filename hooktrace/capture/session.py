@@ -18,7 +18,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..analysis.surprises import find_surprises
-from ..trace import ROOT, Event, Hook, Meta, Module, Trace, gc_paused
+from ..schema import ROOT, Event, Hook, Meta, Module, Trace, gc_paused
 from . import registry, shims, sites
 from .registry import CALL_DICTS, GLOBAL_DICTS, MODULE_DICTS, STATE_DICTS, TENSOR_DICTS
 

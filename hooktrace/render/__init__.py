@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 if TYPE_CHECKING:
-    from ..trace import Trace
+    from ..schema import Trace
 
 __all__ = ["RENDERERS", "RenderError", "Renderer", "format_for_path", "render", "renderer"]
 

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Any, Optional
 
 from ..analysis.surprises import is_internal_error
-from ..trace import FORMAT, ROOT, VERSION, Event, Hook, Trace
+from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace
 
 
 def _us(ns: int) -> float:

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import graphviz
 
 from ..analysis.surprises import is_internal_error
-from ..trace import ROOT, Event, Hook, Trace
+from ..schema import ROOT, Event, Hook, Trace
 from . import RenderError
 
 INSTALL_HINT = (

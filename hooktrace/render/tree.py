@@ -25,7 +25,7 @@ from rich.panel import Panel
 from rich.text import Text
 from rich.tree import Tree
 
-from ..trace import PHASES, ROOT, Event, Hook, Trace, gc_paused
+from ..schema import PHASES, ROOT, Event, Hook, Trace, gc_paused
 
 PHASE_TITLES = {
     "forward": "forward",

@@ -32,9 +32,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
-from .analysis.ranks import RankComparison, compare_ranks
-from .target import UsageError, split_spec
-from .trace import Trace, TraceFormatError, load
+from ..analysis.ranks import RankComparison, compare_ranks
+from ..schema import Trace, TraceFormatError, load
+from ..target import UsageError, split_spec
 
 DEFAULT_TIMEOUT = 60.0
 # Joining the group waits for every rank to import torch and the target; a loaded machine needs time.
@@ -668,8 +668,8 @@ def _work(
 
     import torch.distributed as dist
 
-    from .capture.run import run
-    from .target import load_factory
+    from ..capture.run import run
+    from ..target import load_factory
 
     device, cuda = _rank_device(args.device, local_rank)
     if cuda:
@@ -716,7 +716,3 @@ def _main() -> None:
     sys.stderr.flush()
     # Everything is written and reported: skip the interpreter's slow teardown of torch (seconds per rank).
     os._exit(code)
-
-
-if __name__ == "__main__":
-    _main()
