@@ -15,10 +15,9 @@ from ..schema import (
     Hook,
     Surprise,
     Trace,
+    is_internal_error,
 )
 
-# PyTorch raises this inside a checkpoint recompute to stop it early, and catches it itself.
-PYTORCH_INTERNAL_ERRORS = ("_StopRecomputationError",)
 REPLACED = {
     "forward_pre": "the module's inputs (args/kwargs)",
     "forward": "the module's output",
@@ -28,10 +27,6 @@ REPLACED = {
     "grad": "the tensor's gradient",
     "state_dict": "the state dict",
 }
-
-
-def is_internal_error(error: Optional[str]) -> bool:
-    return bool(error) and error.split(":", 1)[0] in PYTORCH_INTERNAL_ERRORS
 
 
 def where(path: Optional[str]) -> str:

@@ -9,8 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from ..analysis.surprises import is_internal_error
-from ..schema import Event, Hook, Trace
+from ..schema import Event, Hook, Trace, is_internal_error
 from ..target import (
     Factory,
     Prepared,
