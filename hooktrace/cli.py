@@ -262,13 +262,13 @@ def _run_ranks(
     tree_opts: Optional[dict] = None,
 ) -> int:
     """`--nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
-    from .ranks import DEFAULT_TIMEOUT, run_options, run_ranks
+    from .ranks import DEFAULT_TIMEOUT, run_ranks
 
     ranks = run_ranks(
         target,
         nproc,
         out=str(output) if output is not None else None,
-        worker_args=run_options(device=device, **options),
+        options={**options, "device": device},
         timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
         show_rank=rank or 0,
     )
@@ -285,6 +285,12 @@ def _run_ranks(
         if not _compare(golden, ranks.shown, str(check), f"rank {ranks.show_rank}", check=True):
             code = max(code, EXIT_DIFFERENT)
     return code
+
+
+def _positive_seconds(value: Optional[float]) -> Optional[float]:
+    if value is not None and not value > 0:  # 0 would stop every rank at once; NaN never
+        raise typer.BadParameter(f"{value:g} is not a positive number of seconds")
+    return value
 
 
 # -- commands -------------------------------------------------------------------------------------
@@ -321,7 +327,11 @@ def run(
         None, "--rank", metavar="R", min=0, help="With --nproc: the rank to show."
     ),
     timeout: Optional[float] = typer.Option(
-        None, "--timeout", metavar="SECONDS", min=0, help="With --nproc: seconds to wait."
+        None,
+        "--timeout",
+        metavar="SECONDS",
+        callback=_positive_seconds,
+        help="With --nproc: how long a rank may outlive another, or go without progress (default 60).",
     ),
     depth: Optional[int] = DEPTH_OPT,
     module: Optional[str] = MODULE_OPT,

@@ -7,9 +7,12 @@ once per module and several tests read it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import shutil
-import textwrap
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +20,6 @@ import pytest
 
 from hooktrace.analysis.ranks import compare_pair, compare_ranks
 from hooktrace.ranks import (
-    DIED,
     FAILED,
     HUNG,
     OK,
@@ -25,11 +27,11 @@ from hooktrace.ranks import (
     USAGE,
     RankOutcome,
     RanksResult,
+    launch,
     rank_trace_path,
-    run_options,
     run_ranks,
+    worker,
 )
-from hooktrace.ranks import launch as ranks
 from hooktrace.schema import Event, Hook, Meta, Trace, load
 from hooktrace.target import UsageError
 
@@ -44,14 +46,25 @@ def test_rank_trace_path() -> None:
     assert rank_trace_path("run.svg", 0) == "run.rank0.json"
     assert rank_trace_path("run", 3) == "run.rank3.json"
     assert rank_trace_path("some.dir/run", 0) == "some.dir/run.rank0.json"
+    assert rank_trace_path("run.json.gz", 1) == "run.rank1.json.gz"  # -o x.json.gz keeps the compression
 
 
-def test_run_options_round_trip_through_the_worker_parser() -> None:
-    opts = run_options(steps=3, backward=False, input_shapes=["4x8", "2"], dtype="float64", device="cpu")
-    parsed = ranks._worker_parser().parse_args(["x.py:make", "--run-dir", "d", "--out", "o.json", *opts])
-    assert (parsed.steps, parsed.no_backward, parsed.input) == (3, True, ["4x8", "2"])
-    assert (parsed.dtype, parsed.device) == ("float64", "cpu")
-    assert run_options() == ["--steps", "1"]
+def test_the_run_options_reach_the_driver_as_given() -> None:
+    @dataclasses.dataclass
+    class Options:
+        steps: int = 3
+        input_shapes: tuple = ("4x8",)
+
+    assert launch._plain(Options()) == {"steps": 3, "input_shapes": ["4x8"]}
+    assert launch._plain({"steps": 2, "backward": False}) == {"steps": 2, "backward": False}
+    assert launch._plain(None) == {}
+    with pytest.raises(TypeError):
+        launch._plain({"dtype": object()})  # not something a worker could receive
+
+
+def test_a_worker_started_by_hand_says_how_to_start_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert worker.main([]) == 2
+    assert "hooktrace run --nproc N" in capsys.readouterr().err
 
 
 def _hook(hid: int, name: str, module: str = "fc", kind: str = "forward", **kw: object) -> Hook:
@@ -121,28 +134,6 @@ def test_same_hooks_in_another_order_diverge_where_the_order_changes() -> None:
     assert not c.agree
 
 
-def test_a_rank_that_died_is_named_with_its_exit_code() -> None:
-    output = textwrap.dedent(
-        """\
-        Root Cause (first observed failure):
-        [0]:
-          time      : 2026-12-02_13:28:45
-          host      : localhost
-          rank      : 1 (local_rank: 1)
-          exitcode  : -11 (pid: 15099)
-        """
-    )
-    codes = ranks._launcher_exitcodes(output)
-    assert codes == {1: -11}
-    outcome = ranks._collect(
-        1, {"rank": 1, "pid": 5, "state": "running"}, "/nonexistent.json", False, codes, ""
-    )
-    assert outcome.state == DIED and outcome.trace is None
-    assert outcome.error == "the rank's process died from SIGSEGV"
-    hung = ranks._collect(0, {"rank": 0, "pid": 5, "state": "running"}, "/nonexistent.json", True, {}, "")
-    assert hung.state == HUNG
-
-
 def test_summary_and_exit_code_of_agreeing_ranks() -> None:
     hooks = [_hook(1, "pre", kind="forward_pre")]
     traces = {r: _trace(hooks, [1], r) for r in (0, 1)}
@@ -170,40 +161,34 @@ def test_the_rank_that_caused_a_failure_is_named_not_the_ones_that_waited_for_it
         return RanksResult(nproc=len(outcomes), show_rank=0, ranks=list(outcomes), comparisons=[])
 
     # rank 1 raised first; rank 0 then lost its peer mid-collective (it reported later, but so what)
-    r = result(
-        RankOutcome(0, FAILED, error=closed, finished_at=1.0), RankOutcome(1, FAILED, own, finished_at=2.0)
-    )
+    r = result(RankOutcome(0, FAILED, error=closed, ended_at=1.0), RankOutcome(1, FAILED, own, ended_at=2.0))
     assert r.first_failure is r.ranks[1]
     assert "first to fail: rank 1 (failed): forward_pre hook boom" in r.summary()
     # rank 0 timed out in a collective that rank 1, stuck in a hook, never reached
     r = result(
-        RankOutcome(0, FAILED, error=waited, finished_at=1.0),
-        RankOutcome(1, STOPPED, stopped, finished_at=2.0),
+        RankOutcome(0, FAILED, error=waited, ended_at=1.0),
+        RankOutcome(1, STOPPED, stopped, ended_at=2.0),
     )
     assert r.first_failure is r.ranks[1]
-    assert "rank 1 held the others up: they timed out waiting for it" in r.summary()
+    assert "rank 1 held the others up: they waited for it" in r.summary()
     # two ranks failing on their own: the earlier one
-    r = result(
-        RankOutcome(0, FAILED, error=own, finished_at=3.0), RankOutcome(1, FAILED, own, finished_at=2.0)
-    )
+    r = result(RankOutcome(0, FAILED, error=own, ended_at=3.0), RankOutcome(1, FAILED, own, ended_at=2.0))
     assert r.first_failure is r.ranks[1]
 
 
 def test_bad_arguments_are_usage_errors_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--rank 2"):
-        run_ranks("x.py", 2, out=None, worker_args=[], timeout=10, show_rank=2)
+        run_ranks("x.py", 2, out=None, timeout=10, show_rank=2)
     with pytest.raises(UsageError, match="--nproc 0"):
-        run_ranks("x.py", 0, out=None, worker_args=[], timeout=10, show_rank=0)
+        run_ranks("x.py", 0, out=None, timeout=10, show_rank=0)
     with pytest.raises(UsageError, match="--timeout"):
-        run_ranks("x.py", 2, out=None, worker_args=[], timeout=0, show_rank=0)
+        run_ranks("x.py", 2, out=None, timeout=0, show_rank=0)
     model = tmp_path / "model.py"
     model.write_text("def make():\n    pass\n")
     with pytest.raises(UsageError, match="does not exist"):
-        run_ranks(
-            str(model), 2, out=str(tmp_path / "no" / "run.json"), worker_args=[], timeout=10, show_rank=0
-        )
+        run_ranks(str(model), 2, out=str(tmp_path / "no" / "run.json"), timeout=10, show_rank=0)
     with pytest.raises(UsageError, match="file not found: .*missing.py"):
-        run_ranks(str(tmp_path / "missing.py"), 2, out=None, worker_args=[], timeout=10, show_rank=0)
+        run_ranks(str(tmp_path / "missing.py"), 2, out=None, timeout=10, show_rank=0)
 
 
 def test_usage_error_on_every_rank_is_exit_2_with_its_message() -> None:
@@ -217,17 +202,23 @@ def test_usage_error_on_every_rank_is_exit_2_with_its_message() -> None:
     assert result.usage_error is None and result.exit_code == 1
 
 
-# -- real ranks: 2 processes over gloo on CPU ---------------------------------------------------------
+# -- real ranks: processes over gloo on CPU -----------------------------------------------------------
+# Each launch costs every rank a torch import: one launch per situation, several assertions each.
+
+
+def _no_run_folders(tmpdir: Path) -> list[str]:
+    return [p.name for p in tmpdir.iterdir() if p.name.startswith(("hooktrace-", "torchelastic_"))]
 
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RanksResult, Path]:
     out = tmp_path_factory.mktemp("fsdp") / "fsdp.json"
+    out.with_name("fsdp.rank1.json").write_text("an earlier run's file")  # replaced, not merged
     result = run_ranks(
         f"{SAMPLES / 'fsdp_two_ranks.py'}:make",
         2,
         out=str(out),
-        worker_args=run_options(steps=2),
+        options={"steps": 2},
         timeout=60,
         show_rank=1,
     )
@@ -236,16 +227,25 @@ def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RanksResult, Pat
 
 def test_fsdp_ranks_agree_and_write_one_trace_each(fsdp_run: tuple[RanksResult, Path]) -> None:
     result, out = fsdp_run
-    assert [o.state for o in result.ranks] == [OK, OK], result.summary() + result.launcher_output[-2000:]
+    assert [o.state for o in result.ranks] == [OK, OK], result.summary()
     assert result.exit_code == 0 and not result.diverged
     assert not out.exists()  # -o run.json names the rank files; there is no combined file
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "fsdp.rank0.json",
+        "fsdp.rank1.json",
+    ]  # no temp left
     for rank in (0, 1):
         path = out.with_name(f"fsdp.rank{rank}.json")
         assert result.ranks[rank].trace_path == str(path)
         data = json.loads(path.read_text())
         assert data["meta"]["rank"] == rank and data["meta"]["world_size"] == 2
         assert data["meta"]["steps"] == 2 and data["meta"]["target"].endswith("fsdp_two_ranks.py:make")
-        assert {e["step"] for e in data["events"]} == {0, 1}
+        steps = (
+            data["events"]["columns"]["step"]
+            if "columns" in data["events"]
+            else [e["step"] for e in data["events"]]
+        )
+        assert set(steps) == {0, 1}
     assert result.shown is result.ranks[1].trace
     assert "ranks agree" in result.summary()
 
@@ -269,15 +269,9 @@ def test_fsdp_pre_forward_is_flagged_prepend_on_every_rank(fsdp_run: tuple[Ranks
 
 
 def test_a_hook_on_rank_1_only_diverges_and_names_hook_and_rank(tmp_path: Path) -> None:
-    result = run_ranks(
-        f"{SAMPLES / 'rank_divergence.py'}:make",
-        2,
-        out=str(tmp_path / "div.json"),
-        worker_args=run_options(),
-        timeout=60,
-        show_rank=0,
-    )
-    assert [o.state for o in result.ranks] == [OK, OK], result.summary() + result.launcher_output[-2000:]
+    out = tmp_path / "div.json.gz"
+    result = run_ranks(f"{SAMPLES / 'rank_divergence.py'}:make", 2, out=str(out), timeout=60, show_rank=0)
+    assert [o.state for o in result.ranks] == [OK, OK], result.summary()
     assert result.diverged and result.exit_code == 1
     (c,) = result.comparisons
     d = c.divergence
@@ -288,7 +282,9 @@ def test_a_hook_on_rank_1_only_diverges_and_names_hook_and_rank(tmp_path: Path) 
     summary = result.summary()
     assert "ranks diverge: rank 1 differs from rank 0" in summary
     assert "only on rank 1: log_activation" in summary
-    assert (tmp_path / "div.rank0.json").exists() and (tmp_path / "div.rank1.json").exists()
+    for rank in (0, 1):  # -o x.json.gz: every rank's file is compressed too
+        path = tmp_path / f"div.rank{rank}.json.gz"
+        assert path.read_bytes()[:2] == b"\x1f\x8b" and load(path).meta.rank == rank
 
 
 CRASHING = """
@@ -321,13 +317,13 @@ def make():
 def test_a_crashing_rank_stops_the_others_and_is_reported(tmp_path: Path) -> None:
     factory = tmp_path / "crashing.py"
     factory.write_text(CRASHING)
-    start = time.monotonic()
-    result = run_ranks(str(factory), 2, out=str(tmp_path / "c.json"), worker_args=[], timeout=30, show_rank=0)
-    elapsed = time.monotonic() - start
+    result = run_ranks(str(factory), 2, out=str(tmp_path / "c.json"), timeout=30, show_rank=0)
     assert result.exit_code == 1
     one = result.ranks[1]
-    assert one.state == FAILED, result.summary() + result.launcher_output[-2000:]
-    assert one.error is not None and "boom" in one.error and "RuntimeError: boom on rank 1" in one.error
+    assert one.state == FAILED, result.summary()
+    assert one.error is not None and "RuntimeError: boom on rank 1" in one.error
+    # the rank's traceback comes from its elastic error file, down to the user's hook
+    assert one.traceback is not None and 'raise RuntimeError("boom on rank 1")' in one.traceback
     assert one.trace is not None and (tmp_path / "c.rank1.json").exists()  # the partial trace
     assert [h.name for h in one.trace.hooks if h.name == "boom"] == ["boom"]
     zero = result.ranks[0]
@@ -337,11 +333,13 @@ def test_a_crashing_rank_stops_the_others_and_is_reported(tmp_path: Path) -> Non
     assert (
         "first to fail: rank 1 (failed): forward_pre hook boom raised RuntimeError: boom on rank 1" in summary
     )
-    assert elapsed < 90
+    assert not result.timed_out
 
 
 HANGING = """
+import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -349,43 +347,131 @@ from torch import nn
 
 
 def stall(module, args):
+    Path(os.environ["HANG_MARKS"], f"rank{dist.get_rank()}.pid").write_text(str(os.getpid()))
     time.sleep(600)
 
 
 def make():
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    if dist.get_rank() == 1:
+    if dist.get_rank() in {int(r) for r in os.environ["HANG_RANKS"].split(",")}:
         model[1].register_forward_pre_hook(stall)
     return model, torch.randn(2, 4)
 """
 
 
-def test_a_hanging_rank_is_stopped_after_the_timeout_with_its_partial_trace(tmp_path: Path) -> None:
+@pytest.fixture()
+def hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     factory = tmp_path / "hanging.py"
     factory.write_text(HANGING)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("HANG_MARKS", str(marks))
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    return factory
+
+
+def _stall_fired(trace: object) -> list[str]:
+    return [trace.hook(e.hook).name for e in trace.hook_events()]  # type: ignore[attr-defined]
+
+
+def test_a_hanging_rank_is_stopped_after_the_timeout_with_its_partial_trace(
+    hanging: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANG_RANKS", "1")
     start = time.monotonic()
-    result = run_ranks(str(factory), 2, out=None, worker_args=[], timeout=3, show_rank=0)
-    elapsed = time.monotonic() - start
-    assert elapsed < 120  # not the 600 s the hook sleeps
+    result = run_ranks(str(hanging), 2, out=None, timeout=3, show_rank=0)
+    assert time.monotonic() - start < 120  # not the 600 s the hook sleeps
     assert result.timed_out and result.exit_code == 1
     assert result.ranks[0].state == OK
     hung = result.ranks[1]
-    assert hung.state == HUNG, result.summary() + result.launcher_output[-2000:]
-    assert hung.error is not None and "stall" in hung.error and "--timeout" in hung.error
-    assert hung.trace is not None  # partial: the stall hook fired, nothing after it
-    fired = [hung.trace.hook(e.hook).name for e in hung.trace.hook_events()]
-    assert fired == ["stall"]
-    assert result.trace_dir is not None and Path(result.trace_dir, "trace.rank1.json").exists()
-    shutil.rmtree(result.trace_dir)  # without -o the traces go to a folder that is kept for the user
-    assert "stopped every rank: one still ran 3s after another had stopped" in result.summary()
+    assert hung.state == HUNG, result.summary()
+    assert hung.error is not None and "stall" in hung.error and "--timeout 3" in hung.error
+    assert hung.trace is not None and _stall_fired(hung.trace) == ["stall"]  # partial: nothing after it
+    assert hung.trace_path is None  # without -o the traces are read, not kept
+    assert result.first_failure is hung
+    assert "stopped every rank after --timeout 3s: rank 1 " in result.summary()
+    assert _no_run_folders(hanging.parent / "tmp") == []
 
 
-def test_a_factory_name_that_does_not_exist_is_a_usage_error_from_the_ranks(tmp_path: Path) -> None:
+def test_timeout_fires_when_every_rank_hangs_even_a_single_one(
+    hanging: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HANG_RANKS", "0")
+    out = hanging.parent / "one.json"
+    result = run_ranks(str(hanging), 1, out=str(out), timeout=2, show_rank=0)
+    (only,) = result.ranks
+    assert only.state == HUNG and result.exit_code == 1, result.summary()
+    assert "made no progress for 2s while in step 0" in (only.error or "")
+    assert only.trace is not None and _stall_fired(only.trace) == ["stall"]
+    assert load(hanging.parent / "one.rank0.json").meta.rank == 0
+    pid = int((hanging.parent / "marks" / "rank0.pid").read_text())
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _hooktrace(*args: str, env: dict[str, str]) -> subprocess.Popen:
+    script = Path(sys.executable).with_name("hooktrace")
+    return subprocess.Popen(
+        [str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+@pytest.mark.parametrize(("sig", "nproc", "code"), [(signal.SIGTERM, 2, 143), (signal.SIGINT, 1, 130)])
+def test_a_signal_to_run_nproc_stops_every_rank_and_writes_the_partial_traces(
+    hanging: Path, sig: signal.Signals, nproc: int, code: int
+) -> None:
+    marks = hanging.parent / "marks"
+    out = hanging.parent / "out" / "sig.json"
+    out.parent.mkdir()
+    env = dict(os.environ, HANG_RANKS=",".join(str(r) for r in range(nproc)))
+    proc = _hooktrace("run", str(hanging), "--nproc", str(nproc), "-o", str(out), "--timeout", "600", env=env)
+    deadline = time.monotonic() + 240
+    while len(list(marks.iterdir())) < nproc and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = [int(p.read_text()) for p in marks.iterdir()]
+    assert len(pids) == nproc, proc.communicate(timeout=60)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stdout + stderr
+    assert not any(_alive(pid) for pid in pids)  # every rank ended with the launcher
+    assert _no_run_folders(hanging.parent / "tmp") == []
+    assert f"interrupted by {sig.name}" in stdout
+    for rank in range(nproc):  # each rank wrote what it had: the hook it was stopped in
+        trace = load(out.with_name(f"sig.rank{rank}.json"))
+        assert _stall_fired(trace) == ["stall"] and trace.meta.rank == rank
+
+
+def test_a_factory_name_that_does_not_exist_is_a_usage_error_and_keeps_earlier_traces(tmp_path: Path) -> None:
     factory = tmp_path / "model.py"
     factory.write_text("def make():\n    raise AssertionError('never called')\n")
-    result = run_ranks(
-        f"{factory}:nope", 2, out=str(tmp_path / "u.json"), worker_args=[], timeout=30, show_rank=0
-    )
-    assert result.exit_code == 2, result.summary() + result.launcher_output[-2000:]
+    earlier = {r: tmp_path / f"u.rank{r}.json" for r in (0, 1)}
+    for r, path in earlier.items():
+        path.write_text(f"rank {r} of an earlier run")
+    result = run_ranks(f"{factory}:nope", 2, out=str(tmp_path / "u.json"), timeout=30, show_rank=0)
+    assert result.exit_code == 2, result.summary()
     assert result.usage_error is not None and "has no attribute 'nope'" in result.usage_error
-    assert not (tmp_path / "u.rank0.json").exists()
+    assert [o.trace for o in result.ranks] == [None, None]  # the earlier files are not this run's traces
+    assert {r: p.read_text() for r, p in earlier.items()} == {
+        r: f"rank {r} of an earlier run" for r in (0, 1)
+    }
+
+
+def test_timeout_zero_is_refused_when_the_command_line_is_parsed(tmp_path: Path) -> None:
+    for value in ("0", "-1"):
+        proc = _hooktrace("run", "missing.py", "--nproc", "2", "--timeout", value, env=dict(os.environ))
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 2
+        assert stderr.splitlines() == [
+            f"error: Invalid value for '--timeout': {value} is not a positive number of seconds; "
+            "see hooktrace run --help"
+        ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..schema import Event, Hook, Trace, is_internal_error
 from ..target import (
@@ -53,8 +53,12 @@ def run(
     input_shapes: Sequence[str] = (),
     dtype: Optional[str] = None,
     device: Optional[str] = None,
+    on_step: Optional[Callable[[int], None]] = None,
 ) -> RunResult:
-    """Load, run and trace. UsageError for bad input; an exception from the model is caught and reported."""
+    """Load, run and trace. UsageError for bad input; an exception from the model is caught and reported.
+
+    `on_step(step)` is called as each step starts (`run --nproc` reports the ranks' progress with it).
+    """
     import hooktrace
 
     if steps < 1:
@@ -76,6 +80,8 @@ def run(
             for step in range(steps):
                 if step:
                     t.mark_step()
+                if on_step is not None:
+                    on_step(step)
                 _step(prepared, backward, notes)
         except Exception as exc:  # the model or a hook raised: keep the partial trace
             exception = exc

@@ -1,6 +1,12 @@
-"""`run --nproc`: ranks started through PyTorch's own launcher, one trace per rank, their agreement."""
+"""`run --nproc`: ranks supervised through PyTorch's elastic launcher, one trace per rank, their agreement.
 
-from .launch import (
+- `launch.py`: `run_ranks`, the parent side (start, watch, stop, collect);
+- `worker.py`: one rank (`python -m hooktrace.ranks JOB`);
+- `result.py`: each rank's outcome, the comparison and the summary prose (pure).
+"""
+
+from .launch import run_ranks
+from .result import (
     CRASHED,
     DEFAULT_TIMEOUT,
     DIED,
@@ -12,8 +18,6 @@ from .launch import (
     RankOutcome,
     RanksResult,
     rank_trace_path,
-    run_options,
-    run_ranks,
 )
 
 __all__ = [
@@ -28,6 +32,5 @@ __all__ = [
     "RankOutcome",
     "RanksResult",
     "rank_trace_path",
-    "run_options",
     "run_ranks",
 ]

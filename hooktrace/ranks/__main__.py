@@ -1,5 +1,12 @@
-"""`python -m hooktrace.ranks`: one rank's worker, started by PyTorch's launcher."""
+"""`python -m hooktrace.ranks JOB`: one rank's worker, started by `hooktrace run --nproc N`."""
 
-from .launch import _main
+import os
+import sys
 
-_main()
+from .worker import main
+
+code = main()
+sys.stdout.flush()
+sys.stderr.flush()
+# Everything is written and reported: skip the interpreter's slow teardown of torch (seconds per rank).
+os._exit(code)

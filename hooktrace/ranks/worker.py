@@ -1,0 +1,205 @@
+"""One rank of `run --nproc N` (`python -m hooktrace.ranks JOB`), started by `launch.py`.
+
+The rank reads RANK / WORLD_SIZE / LOCAL_RANK and MASTER_ADDR / MASTER_PORT as PyTorch's launcher
+sets them, joins the default process group through the launcher's TCPStore (gloo on CPU, nccl for
+CUDA), runs the ordinary single-process driver (`hooktrace.capture.run.run`, with the run options
+the CLI parsed, passed through unchanged) and writes its trace with `meta.rank` / `meta.world_size`.
+
+What it tells the launcher:
+- its progress (`joining`, `running`, `step N`, `writing`) as a key in the launcher's store, so a
+  rank that stops making progress can be told from a slow one (`--timeout`);
+- how it ended, by its exit code (`result.EXIT_CODES`), and, when it did not succeed, its error
+  and traceback in its elastic error file (`@record` writes TORCHELASTIC_ERROR_FILE);
+- the run's notes (e.g. "backward skipped"), as a key in the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import signal
+import sys
+from typing import Any, Iterator, Optional
+
+from ..target import UsageError
+from .result import CRASHED, FAILED, OK, STATE_EXIT, STOPPED, USAGE, rank_trace_path
+
+PROGRESS_KEY = "hooktrace/progress/{rank}"
+NOTES_KEY = "hooktrace/notes/{rank}"
+
+
+class RankTerminated(Exception):
+    """The launcher stopped this rank (SIGTERM/SIGINT); raised in the main thread so the trace is kept."""
+
+
+class RankFailed(Exception):
+    """The model or a hook raised; the message names the module, the hook and the exception."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the rank write its trace
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise RankTerminated(f"stopped by {signal.Signals(signum).name}")
+
+
+def _terminated(exc: Optional[BaseException]) -> bool:
+    while exc is not None:
+        if isinstance(exc, RankTerminated):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _env_int(name: str, default: Optional[int] = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise UsageError(f"{name} is not set: run ranks through hooktrace run --nproc N")
+        return default
+    return int(value)
+
+
+class _Store:
+    """This rank's reports in the launcher's store; a store that went away is not this rank's error."""
+
+    def __init__(self, store: Any, rank: int) -> None:
+        self.store = store
+        self.rank = rank
+
+    def _set(self, key: str, value: str) -> None:
+        try:
+            self.store.set(key, value)
+        except RankTerminated:
+            raise
+        except Exception:
+            pass
+
+    def progress(self, phase: str) -> None:
+        self._set(PROGRESS_KEY.format(rank=self.rank), phase)
+
+    def step(self, step: int) -> None:
+        self.progress(f"step {step}")
+
+    def notes(self, notes: list[str]) -> None:
+        self._set(NOTES_KEY.format(rank=self.rank), json.dumps(notes))
+
+
+def _rank_device(device: Optional[str], local_rank: int) -> tuple[Optional[str], bool]:
+    """The `--device` this rank uses and whether it uses CUDA (each rank on its own GPU)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    name = (device or "").strip().lower()
+    if name in ("cuda", "auto") and cuda:
+        return f"cuda:{local_rank}", True
+    if not cuda or name == "cpu":
+        return device, False  # `--device cuda` without CUDA: the run reports it as a usage error
+    return device, True
+
+
+@contextlib.contextmanager
+def _factory_may_init(dist: Any) -> Iterator[None]:
+    """A factory that calls `init_process_group` itself finds the group hooktrace made and keeps it."""
+    from torch.distributed import distributed_c10d
+
+    real = distributed_c10d.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if dist.is_initialized():
+            return None
+        return real(*args, **kwargs)
+
+    init_process_group.__wrapped__ = real  # type: ignore[attr-defined]
+    init_process_group.__doc__ = real.__doc__
+    saved = (dist.init_process_group, distributed_c10d.init_process_group)
+    dist.init_process_group = distributed_c10d.init_process_group = init_process_group
+    try:
+        yield
+    finally:
+        dist.init_process_group, distributed_c10d.init_process_group = saved
+
+
+def _join(rank: int, world_size: int, local_rank: int, job: dict[str, Any]) -> tuple[_Store, Optional[str]]:
+    """Connect to the launcher's store, report `joining`, init the default group; the rank's device."""
+    import torch.distributed as dist
+
+    wait = datetime.timedelta(seconds=float(job["join_timeout"]))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=wait
+    )
+    reports = _Store(store, rank)
+    reports.progress("joining")
+    device, cuda = _rank_device(job["options"].get("device"), local_rank)
+    if cuda:
+        import torch
+
+        torch.cuda.set_device(local_rank)
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=wait)
+    return reports, device
+
+
+def _rank(job: dict[str, Any]) -> None:
+    """Trace the target on this rank; return on success, raise to say how it failed (see `main`)."""
+    rank = _env_int("RANK")
+    world_size = _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK", rank)
+    reports, device = _join(rank, world_size, local_rank, job)
+
+    import torch.distributed as dist
+
+    from ..capture.run import run
+    from ..target import load_factory
+
+    reports.progress("running")
+    options = dict(job["options"], device=device)
+    with _factory_may_init(dist):
+        result = run(load_factory(job["target"]), on_step=reports.step, **options)
+    reports.progress("writing")
+    trace = result.trace
+    trace.meta.rank = rank
+    trace.meta.world_size = world_size
+    trace.save(rank_trace_path(job["out"], rank))  # atomic: an earlier file stays whole until replaced
+    reports.notes(result.notes)
+    if result.exception is not None:
+        raise RankFailed(result.error) from result.exception
+
+
+def state_of(exc: Optional[BaseException]) -> str:
+    """The rank state an exception from `_rank` stands for (None: it succeeded)."""
+    if exc is None:
+        return OK
+    if _terminated(exc):
+        return STOPPED
+    if isinstance(exc, UsageError):
+        return USAGE
+    return FAILED if isinstance(exc, RankFailed) else CRASHED
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run one rank from its JOB (JSON: target, out, options, join_timeout); the exit code says how it ended."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGINT, _raise_terminated)
+    args = sys.argv[1:] if argv is None else argv
+    failure: Optional[BaseException] = None
+    try:
+        if len(args) != 1:
+            raise UsageError("python -m hooktrace.ranks is started by hooktrace run --nproc N")
+        record(_rank)(json.loads(args[0]))  # an exception is written to the rank's elastic error file
+    except Exception as exc:
+        failure = exc
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # done: a late stop signal just ends the process
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None:
+            with contextlib.suppress(Exception):
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+    if failure is not None and state_of(failure) == USAGE and "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        print(f"error: {failure}", file=sys.stderr)  # started by hand
+    return STATE_EXIT[state_of(failure)]
