@@ -468,7 +468,7 @@ def test_steps_threads_nesting_and_no_references_kept():
     assert events[1].thread == seen_threads[0] != events[0].thread
     assert t.trace.meta.steps == 2
     assert [e.seq for e in t.trace.events] == list(range(len(t.trace.events)))
-    assert t._model is None and not t._records and not t._shims and not t._keep
+    assert t._model is None and not t._book.records and not t._book.tensor_shims and not t._keep
 
 
 def test_factory_inside_capture_with_attach():
@@ -537,9 +537,9 @@ def test_trace_keeps_no_model_or_tensor_alive():
     assert len(t.trace.events) > 0
 
 
-def test_a_shim_kept_and_called_after_the_block_adds_nothing_to_the_trace():
-    """The trace is built after the block, from the records the block made; a shim someone took out
-    of a hook dict during the run still works afterwards but is not part of that trace."""
+def test_a_hook_taken_from_the_dict_during_the_block_is_the_users_and_adds_nothing_after():
+    """The trace is built after the block, from the records the block made; the hook someone took out
+    of a hook dict during the run is the user's own object, and calling it afterwards adds nothing."""
     m = model()
     zoo = Zoo()
     x = torch.randn(3, 4)
@@ -547,7 +547,8 @@ def test_a_shim_kept_and_called_after_the_block_adds_nothing_to_the_trace():
         handle = zoo.module(m[2], "forward", "fwd")
         out = run(m, zoo, x)
         kept = m[2]._forward_hooks[handle.id]
-    assert m[2]._forward_hooks[handle.id] is not kept  # the dict holds the user's hook again
+        assert "hooktrace" not in kept.__qualname__ and not hasattr(kept, "__wrapped__")
+    assert m[2]._forward_hooks[handle.id] is kept  # the very object, during and after the block
     assert_no_shims(snapshot_dicts(m))
     kept(m[2], (x,), out)  # the hook runs, as the user called it
     assert zoo.log == ["fwd", "fwd"]

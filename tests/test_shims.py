@@ -27,8 +27,29 @@ def test_shim_passes_any_positional_call_through(kind: str, nargs: int) -> None:
     assert seen == [args]
     (record,) = rec.hooks
     seq, hook_id, tid, t0, t1, outcome, module = record
-    assert (seq, hook_id, tid, outcome, module) == (0, 7, threading.get_ident(), True, id(args[0]))
+    returned = kind not in shims.RETURN_IGNORED  # a new object, which PyTorch uses for most kinds
+    assert (seq, hook_id, tid, outcome, module) == (0, 7, threading.get_ident(), returned, id(args[0]))
     assert t1 >= t0
+
+
+def test_returned_is_false_when_the_hook_hands_back_what_it_was_given() -> None:
+    """SPEC `returned`: something other than what PyTorch passed; the very object is no replacement."""
+    lin = torch.nn.Linear(2, 2)
+    lin.register_forward_pre_hook(lambda m, args: args)
+    lin.register_forward_pre_hook(lambda m, args: args[0])  # PyTorch wraps it: (x,) again
+    lin.register_forward_pre_hook(lambda m, args, kwargs: (args, kwargs), with_kwargs=True)
+    lin.register_forward_hook(lambda m, args, out: out)
+    lin.register_full_backward_hook(lambda m, gin, gout: gin)
+    lin.weight.register_hook(lambda g: g)
+    lin.register_forward_hook(lambda m, args, out: out * 1)  # a new tensor: replaced
+    lin.bias.register_hook(lambda g: g.clone())  # replaced
+    x = torch.randn(1, 2, requires_grad=True)
+    with hooktrace.trace(lin) as t:
+        lin(x).sum().backward()
+    returned = {e.hook: e.returned for e in t.trace.events if e.type == "hook"}
+    kinds = {h.id: h.kind for h in t.trace.hooks}
+    assert len(returned) == 8
+    assert sorted(kinds[hid] for hid, r in returned.items() if r) == ["forward", "grad"]
 
 
 def test_generic_shim_passes_keywords_through() -> None:
@@ -73,20 +94,25 @@ def test_records_hold_no_objects_the_garbage_collector_must_walk() -> None:
         assert named and all(key is rec.module_ids[key] for key in named)
 
 
-def test_forward_hook_called_outside_a_module_call_is_forward_phase() -> None:
-    """A forward-kind hook takes the phase of the module call it runs in; called by hand, forward."""
+def test_a_hook_taken_from_its_dict_and_called_by_hand_is_the_users_own() -> None:
+    """The dicts hold what was registered (transparency): a hook a library takes out of the dict and
+    calls itself is the user's function, so that call is not a PyTorch firing and is not traced."""
     lin = torch.nn.Linear(2, 2)
     calls = []
-    lin.register_forward_hook(lambda m, a, o: calls.append("fwd"))
+
+    def fwd(m: object, a: object, o: object) -> None:
+        calls.append("fwd")
+
+    lin.register_forward_hook(fwd)
     x = torch.randn(1, 2)
     with hooktrace.trace(lin) as t:
         out = lin(x)
         for hook in list(lin._forward_hooks.values()):
+            assert hook is fwd
             hook(lin, (x,), out)  # as some libraries do
-    hooks = [e for e in t.trace.events if e.type == "hook"]
     assert calls == ["fwd", "fwd"]
-    assert [(e.phase, e.module) for e in hooks] == [("forward", ""), ("forward", "")]
-    assert [e.type for e in t.trace.events] == ["enter", "hook", "exit", "hook"]
+    assert [e.type for e in t.trace.events] == ["enter", "hook", "exit"]
+    assert [(e.phase, e.module) for e in t.trace.events if e.type == "hook"] == [("forward", "")]
 
 
 def test_tensor_hooks_registered_inside_forward_hooks_are_named_after_the_module() -> None:

@@ -17,30 +17,7 @@ import torch
 import torch.nn.modules.module as nn_module
 from torch.utils.hooks import RemovableHandle
 
-# module attribute -> kind ("_backward_hooks" is full or legacy by `_is_full_backward_hook`)
-CALL_DICTS = (
-    ("_forward_pre_hooks", "forward_pre"),
-    ("_forward_hooks", "forward"),
-    ("_backward_pre_hooks", "backward_pre"),
-    ("_backward_hooks", "backward"),
-)
-STATE_DICTS = (
-    ("_state_dict_pre_hooks", "state_dict_pre"),
-    ("_state_dict_hooks", "state_dict"),
-    ("_load_state_dict_pre_hooks", "load_state_dict_pre"),
-    ("_load_state_dict_post_hooks", "load_state_dict_post"),
-)
-MODULE_DICTS = CALL_DICTS + STATE_DICTS
-GLOBAL_DICTS = (
-    ("_global_forward_pre_hooks", "forward_pre"),
-    ("_global_forward_hooks", "forward"),
-    ("_global_backward_pre_hooks", "backward_pre"),
-    ("_global_backward_hooks", "backward"),
-    ("_global_module_registration_hooks", "module_registration"),
-    ("_global_parameter_registration_hooks", "parameter_registration"),
-    ("_global_buffer_registration_hooks", "buffer_registration"),
-)
-TENSOR_DICTS = (("_backward_hooks", "grad"), ("_post_accumulate_grad_hooks", "post_accumulate_grad"))
+from .views import _is_compiling
 
 # (method name on nn.Module, kind)
 MODULE_METHODS = (
@@ -69,45 +46,6 @@ GLOBAL_FUNCTIONS = (
 TENSOR_METHODS = (("register_hook", "grad"), ("register_post_accumulate_grad_hook", "post_accumulate_grad"))
 
 
-def global_dict(attr: str) -> Optional[dict]:
-    return getattr(nn_module, attr, None)
-
-
-def backward_kind(owner: Any) -> str:
-    """`backward` or `backward_legacy` for what a module's (or the global) `_backward_hooks` hold."""
-    flag = nn_module._global_is_full_backward_hook if owner is None else owner._is_full_backward_hook
-    return "backward_legacy" if flag is False else "backward"
-
-
-def module_flags(owner: Any, kind: str, hook_id: int) -> tuple[bool, bool]:
-    """(with_kwargs, always_call) as PyTorch's extra dicts record them."""
-    if owner is None:
-        if kind != "forward":
-            return False, False
-        kw = getattr(nn_module, "_global_forward_hooks_with_kwargs", {})
-        always = getattr(nn_module, "_global_forward_hooks_always_called", {})
-        return hook_id in kw, hook_id in always
-    if kind == "forward_pre":
-        return hook_id in getattr(owner, "_forward_pre_hooks_with_kwargs", {}), False
-    if kind == "forward":
-        return (
-            hook_id in getattr(owner, "_forward_hooks_with_kwargs", {}),
-            hook_id in getattr(owner, "_forward_hooks_always_called", {}),
-        )
-    return False, False
-
-
-def inferred_prepends(keys: list[int]) -> set[int]:
-    """Handle ids only grow, so a hook standing before a smaller id was prepended (SPEC §4)."""
-    found: set[int] = set()
-    smallest_after: Optional[int] = None
-    for key in reversed(keys):
-        if smallest_after is not None and key > smallest_after:
-            found.add(key)
-        smallest_after = key if smallest_after is None else min(smallest_after, key)
-    return found
-
-
 OnRegister = Callable[[RemovableHandle, str, Any, dict, Any], None]
 
 
@@ -133,8 +71,8 @@ def _register_wrapper(original: Callable[..., Any], kind: str, is_global: bool) 
     @functools.wraps(original)
     def register(*args: Any, **kwargs: Any) -> Any:
         interceptor = _installed
-        if interceptor is None or getattr(_depth, "depth", 0) > 0:  # no capture, or nested
-            return original(*args, **kwargs)
+        if interceptor is None or getattr(_depth, "depth", 0) > 0 or _is_compiling():
+            return original(*args, **kwargs)  # no capture, nested, or Dynamo tracing the call
         _depth.depth = 1
         try:
             handle = original(*args, **kwargs)

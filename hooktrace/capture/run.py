@@ -21,6 +21,7 @@ from ..target import (
     resolve_device,
     torch_dtype,
 )
+from .dicts import live_hook_ids
 
 
 @dataclass
@@ -213,20 +214,6 @@ def inventory(factory: Factory) -> Inventory:
         t.attach(target.model)
         t.set_meta(target=factory.spec, steps=0)
     return Inventory(t.trace, live_hook_ids(target.model))
-
-
-def live_hook_ids(model: Any) -> set[int]:
-    """Ids of every hook now registered on the model's modules and parameters, and globally."""
-    import torch.nn.modules.module as module_mod
-
-    from .registry import GLOBAL_DICTS, MODULE_DICTS, TENSOR_DICTS
-
-    dicts: list[Any] = [getattr(module_mod, name, None) for name, _ in GLOBAL_DICTS]
-    for m in model.modules():
-        dicts += [getattr(m, name, None) for name, _ in MODULE_DICTS]
-    for p in model.parameters():
-        dicts += [getattr(p, name, None) for name, _ in TENSOR_DICTS]
-    return {hid for d in dicts if d for hid in d}
 
 
 def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[InventoryRow]:

@@ -24,11 +24,14 @@ call, and which tests the argument count PyTorch uses for that kind first.
 from __future__ import annotations
 
 import itertools
+import linecache
 import threading
 import time
 from typing import Any, Callable, Optional
 
 import torch
+
+from .views import _is_compiling
 
 FORWARD, BACKWARD, RECOMPUTE, OTHER = "forward", "backward", "recompute", "other"
 
@@ -61,7 +64,7 @@ def error_text(exc: BaseException) -> str:
 # `append`, `error_text`, `_N`) are globals of a namespace made per Recorder; a shim's own closure
 # holds only `fn`, `hook_id`, `module_id`, `from_args` (fewer objects per wrapped hook).
 _SHIM_SOURCE = """
-def factory(fn, hook_id, module_id, from_args):
+def factory(fn, hook_id, module_id, from_args, same):
     def hooktrace_shim({params}):
         seq = next(counter)
         t0 = clock()
@@ -78,7 +81,7 @@ def factory(fn, hook_id, module_id, from_args):
         tid = ident()
         if tid == main:
             tid = main
-        append((seq, hook_id, tid, t0, t1, result is not None, {first} if from_args else module_id))
+        append((seq, hook_id, tid, t0, t1, result is not None and not same(result, {given}), {first} if from_args else module_id))
         return result
     return hooktrace_shim
 """
@@ -105,27 +108,33 @@ _USUAL = {
 }
 _GENERIC_CALL = "            result = fn(*args, **kwargs)"
 
-# fixed templates compiled once, as namedtuple and dataclasses do
+# Fixed templates compiled once, as namedtuple and dataclasses do, each under a file name of its own
+# whose text `linecache` holds: a traceback through a user's failing hook shows the shim's real lines.
+def _compile(source: str, filename: str) -> Any:
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return compile(source, filename, "exec")
+
+
 _POSITIONAL_CODES = {
-    n: compile(
+    n: _compile(
         _SHIM_SOURCE.format(
             params="a, b=_N, c=_N, d=_N, *more",
             call=_POSITIONAL_CALL.format(usual=test, usual_args=args),
             first="(module_ids.get(i := id(a)) or i)",
+            given="a, b, c, d",
         ),
-        __file__,
-        "exec",
+        f"<hooktrace-shim-{n}>",
     )
     for n, (test, args) in _USUAL.items()
 }
-_GENERIC_CODE = compile(
+_GENERIC_CODE = _compile(
     _SHIM_SOURCE.format(
         params="*args, **kwargs",
         call=_GENERIC_CALL,
         first="((module_ids.get(i := id(args[0])) or i) if args else None)",
+        given="*args",
     ),
-    __file__,
-    "exec",
+    "<hooktrace-shim>",
 )
 _MISSING = object()
 
@@ -176,8 +185,73 @@ class Recorder:
     def steps(self) -> int:
         return len(self.step_starts) + 1
 
-    def __len__(self) -> int:
-        return len(self.hooks) + 2 * len(self.calls)
+# `returned` (SPEC §4): the hook returned something PyTorch uses in place of what it passed, which is
+# not the case when it hands back the very object it was given. One test per kind, on that object.
+def _given(args: tuple) -> list:
+    return [a for a in args if a is not _MISSING]
+
+
+def _same_items(result: Any, given: Any) -> bool:
+    if result is given:
+        return True
+    return (
+        isinstance(result, tuple)
+        and isinstance(given, tuple)
+        and len(result) == len(given)
+        and all(r is g for r, g in zip(result, given))
+    )
+
+
+def _same_first(result: Any, *args: Any) -> bool:  # grad, node and saved-tensor hooks
+    return _same_items(result, args[0])
+
+
+def _same_second(result: Any, *args: Any) -> bool:  # backward hooks: grad_input / grad_output
+    return _same_items(result, args[1]) if len(_given(args)) > 1 else False
+
+
+def _same_last(result: Any, *args: Any) -> bool:  # forward hooks: the output
+    return _same_items(result, _given(args)[-1])
+
+
+def _same_pre(result: Any, *args: Any) -> bool:  # forward pre-hooks: args, or (args, kwargs)
+    given = _given(args)
+    if len(given) >= 3:  # with_kwargs: (module, args, kwargs) -> (args, kwargs)
+        return isinstance(result, tuple) and len(result) == 2 and result[0] is given[1] and result[1] is given[2]
+    if len(given) < 2:
+        return False
+    inputs = given[1]
+    if not isinstance(result, tuple):  # PyTorch wraps a single value: (result,)
+        return isinstance(inputs, tuple) and len(inputs) == 1 and inputs[0] is result
+    return _same_items(result, inputs)
+
+
+def _same_third(result: Any, *args: Any) -> bool:  # registration hooks: (module, name, value) -> value
+    given = _given(args)
+    return len(given) > 2 and result is given[2]
+
+
+def _ignored(result: Any, *args: Any) -> bool:  # PyTorch does not use what these return
+    return True
+
+
+SAME = {
+    "forward_pre": _same_pre,
+    "forward": _same_last,
+    "backward_pre": _same_second,
+    "backward": _same_second,
+    "backward_legacy": _same_second,
+    "grad": _same_first,
+    "post_accumulate_grad": _ignored,
+    "state_dict_pre": _ignored,
+    "state_dict": _same_second,
+    "load_state_dict_pre": _ignored,
+    "load_state_dict_post": _ignored,
+    "module_registration": _same_third,
+    "parameter_registration": _same_third,
+    "buffer_registration": _same_third,
+}
+RETURN_IGNORED = frozenset(kind for kind, same in SAME.items() if same is _ignored)
 
 
 def make_shim(
@@ -189,10 +263,12 @@ def make_shim(
     PyTorch calling convention passes it), else the bound `module`.
     """
     factory = rec._factories[ARITY.get(kind)]
-    return factory(fn, hook_id, None if module is None else id(module), module_from_args)
+    return factory(fn, hook_id, None if module is None else id(module), module_from_args, SAME.get(kind, _same_first))
 
 
-SHIM_CODES = frozenset(factory(None, -1, None, False).__code__ for factory in Recorder()._factories.values())
+SHIM_CODES = frozenset(
+    factory(None, -1, None, False, _ignored).__code__ for factory in Recorder()._factories.values()
+)
 
 
 def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
@@ -211,23 +287,24 @@ def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
     return local["hook_id"], args, module
 
 
-def make_call_impl(
+def make_module_call(
     rec: Recorder,
-    original: Callable[..., Any],
-    before_call: Callable[[Any], None],
+    original_call: Callable[..., Any],
+    call_impl: Callable[..., Any],
+    original_call_impl: Callable[..., Any],
     on_output: Callable[[Any, Any], None],
-    global_dicts: tuple[dict, dict, dict, dict],
-    known: set,
+    global_backward: tuple[dict, dict],
 ) -> Callable[..., Any]:
-    """Replacement for `nn.Module._call_impl`: wraps new hooks, records `enter` and `exit`.
+    """Replacement for `nn.Module.__call__` (PyTorch's `_wrapped_call_impl`): records `enter`/`exit`.
 
-    `before_call(module)` wraps hooks that appeared in the module's or the global call dicts
-    (`global_dicts`: forward pre, forward, backward pre, backward); it runs only when one of them
-    holds something that is not in `known` (the capture's module and global shims), a C-level set
-    check per non-empty dict. `on_output(module, result)` sees the output of modules with full
-    backward hooks, so tensor hooks registered on it later can be named "output of <module>".
+    It calls `call_impl` (the copy of `_call_impl` that reads hooks through views) itself, as
+    `_wrapped_call_impl` calls `_call_impl`, so tracing adds no Python frame per module level. While
+    Dynamo compiles, it is PyTorch's own `_wrapped_call_impl` (no graph break, the same graph); a
+    module compiled with `module.compile()` runs its compiled call, recorded as one call. Modules
+    whose class overrides `_call_impl` get theirs. `on_output(module, result)` sees the output of
+    modules with full backward hooks, so tensor hooks registered on it can be named "output of ...".
     """
-    g_fwd_pre, g_fwd, g_bwd_pre, g_bwd = global_dicts
+    g_bwd_pre, g_bwd = global_backward
     append = rec.calls.append
     modules = rec.modules
     module_ids = rec.module_ids
@@ -236,29 +313,11 @@ def make_call_impl(
     ident = threading.get_ident
     main = rec.main_thread
     graph_task = _graph_task_id
-    wrapped = known.issuperset
+    compiling = _is_compiling
 
-    def hooktrace_call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
-        md = self.__dict__
-        fw_pre = md.get("_forward_pre_hooks")
-        fw = md.get("_forward_hooks")
-        bw_pre = md.get("_backward_pre_hooks")
-        bw = md.get("_backward_hooks")
-        try:
-            new_hooks = (
-                (fw_pre and not wrapped(fw_pre.values()))
-                or (fw and not wrapped(fw.values()))
-                or (bw_pre and not wrapped(bw_pre.values()))
-                or (bw and not wrapped(bw.values()))
-                or (g_fwd_pre and not wrapped(g_fwd_pre.values()))
-                or (g_fwd and not wrapped(g_fwd.values()))
-                or (g_bwd_pre and not wrapped(g_bwd_pre.values()))
-                or (g_bwd and not wrapped(g_bwd.values()))
-            )
-        except Exception:  # a hook object that cannot be hashed or compared: the slow look decides
-            new_hooks = True
-        if new_hooks:
-            before_call(self)
+    def hooktrace_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            return original_call(self, *args, **kwargs)
         key = module_ids.get(id(self))  # rec.module_key(self), inlined on the hot path
         if key is None:
             key = module_ids[id(self)] = id(self)
@@ -267,7 +326,12 @@ def make_call_impl(
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         t0 = clock()
         try:
-            result = original(self, *args, **kwargs)
+            if self._compiled_call_impl is not None:
+                result = self._compiled_call_impl(*args, **kwargs)
+            elif type(self)._call_impl is original_call_impl:
+                result = call_impl(self, *args, **kwargs)
+            else:
+                result = self._call_impl(*args, **kwargs)
         except BaseException as exc:
             t1 = clock()
             tid = ident()
@@ -280,8 +344,9 @@ def make_call_impl(
         if tid == main:
             tid = main
         append((seq, next(counter), phase, key, tid, t0, t1, None))
-        if bw_pre or bw or g_bwd_pre or g_bwd:  # as `_call_impl` read them before forward
+        md = self.__dict__
+        if md.get("_backward_pre_hooks") or md.get("_backward_hooks") or g_bwd_pre or g_bwd:
             on_output(self, result)
         return result
 
-    return hooktrace_call_impl
+    return hooktrace_module_call

@@ -1,0 +1,136 @@
+"""Records -> Trace: what a finished capture leaves, and the trace built from it at first use."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from itertools import islice
+from operator import itemgetter
+from typing import Any, Optional
+
+from ..analysis.surprises import find_surprises
+from ..schema import Event, Hook, Meta, Module, Trace
+from . import shims
+
+# The phase of a hook event by kind; None: the phase of the module call it ran in (other kinds: "other").
+_PHASE_OF_KIND = {
+    "forward_pre": None,
+    "forward": None,
+    "backward_pre": shims.BACKWARD,
+    "backward": shims.BACKWARD,
+    "backward_legacy": shims.BACKWARD,
+    "grad": shims.BACKWARD,
+    "post_accumulate_grad": shims.BACKWARD,
+}
+_HOOK_FIELDS = tuple(f.name for f in dataclasses.fields(Hook))
+
+
+@dataclass
+class Record(Hook):
+    """A hook while capturing: the trace's Hook plus the live objects it came from."""
+
+    owner: Any = None  # module object (module scope) or None
+    tensor_ref: Any = None  # weakref to the tensor (tensor scope)
+    tensor_desc: Optional[tuple[str, Any]] = None  # ("output of"|"input of"|"tensor in", module) or None
+    removed: bool = False
+
+
+@dataclass
+class Pending:
+    """What a finished capture leaves for building its trace: ints, strings and records only."""
+
+    meta: Meta
+    start_ns: int
+    modules: list[Module]
+    records: list[Record]  # in the trace's hook order, module/tensor filled in, live refs dropped
+    paths: dict[int, str]  # id of a module at capture time -> its path
+    hook_calls: list[tuple]  # Recorder.hooks; a shim kept and called after the block would still
+    n_hook_calls: int  # append to it: only the first n_hook_calls belong to the trace
+    module_calls: list[tuple]  # Recorder.calls
+    n_module_calls: int
+    step_starts: list[int]
+
+
+def build_trace(pending: Pending) -> Trace:
+    hooks = [to_hook(r) for r in pending.records]
+    events = build_events(pending, {h.id: h for h in hooks})
+    trace = Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)
+    trace.surprises = find_surprises(trace)
+    return trace
+
+
+def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
+    """Compact records -> SPEC events, in `seq` order, renumbered 0.. without gaps.
+
+    A forward-kind hook takes the phase of the innermost module call open on its thread (it runs
+    inside that call's `_call_impl`): `recompute` when that call started during backward.
+    """
+    start = pending.start_ns
+    paths = pending.paths
+    info = {
+        hid: (h.kind, _PHASE_OF_KIND.get(h.kind, shims.OTHER), h.module if h.scope == "tensor" else None)
+        for hid, h in hooks.items()
+    }
+    raw: list[tuple] = []
+    append = raw.append
+    for seq, hid, tid, t0, t1, outcome, module_id in islice(pending.hook_calls, pending.n_hook_calls):
+        kind, phase, tensor_module = info[hid]
+        path = paths.get(module_id) if module_id is not None else tensor_module
+        error = outcome if outcome.__class__ is str else None
+        append((seq, "hook", phase, path, hid, kind, tid, t0 - start, t1 - t0, outcome is True, error))
+    for enter, leave, phase, module_id, tid, t0, t1, error in islice(pending.module_calls, pending.n_module_calls):
+        path = paths.get(module_id)
+        append((enter, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
+        append((leave, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))
+    raw.sort(key=itemgetter(0))
+
+    starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
+    step = 0
+    open_calls: dict[int, list[str]] = {}  # thread -> phases of the module calls open on it
+    new = tuple.__new__  # Event's fields in order, without NamedTuple's Python-level __new__
+    events: list[Event] = []
+    add = events.append
+    for i, (seq, type_, phase, path, hid, kind, tid, t, duration, returned, error) in enumerate(raw):
+        while seq >= starts[step]:
+            step += 1
+        if type_ == "hook":
+            if phase is None:
+                stack = open_calls.get(tid)
+                phase = stack[-1] if stack else shims.FORWARD
+        elif type_ == "enter":
+            open_calls.setdefault(tid, []).append(phase)
+        else:
+            stack = open_calls.get(tid)
+            if stack:
+                stack.pop()
+        add(new(Event, (i, step, type_, phase, path, hid, kind, tid, t, duration, returned, error)))
+    return events
+
+
+def ordered(records: dict[int, Record], order: list[int]) -> list[Record]:
+    """Hooks in the order PyTorch will fire them (the final walk's order), then the rest by id."""
+    out = []
+    for hid in dict.fromkeys(order + sorted(records)):
+        record = records.get(hid)
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def to_hook(r: Record) -> Hook:
+    """The record's Hook fields as they are (a Record is a Hook), without the dataclass __init__."""
+    hook = object.__new__(Hook)
+    values = r.__dict__
+    hook.__dict__.update({name: values[name] for name in _HOOK_FIELDS})
+    return hook
+
+
+def device_of(model: Any) -> str:
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        for tensor in model.parameters():
+            return str(tensor.device)
+        for tensor in model.buffers():
+            return str(tensor.device)
+    return "cpu"

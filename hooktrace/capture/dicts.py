@@ -1,0 +1,131 @@
+"""Where PyTorch keeps hooks: every hook dict, one iterator over them, and what their order proves."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, NamedTuple, Optional
+
+import torch
+import torch.nn.modules.module as nn_module
+
+# module attribute -> kind ("_backward_hooks" is full or legacy by `_is_full_backward_hook`)
+CALL_DICTS = (
+    ("_forward_pre_hooks", "forward_pre"),
+    ("_forward_hooks", "forward"),
+    ("_backward_pre_hooks", "backward_pre"),
+    ("_backward_hooks", "backward"),
+)
+STATE_DICTS = (
+    ("_state_dict_pre_hooks", "state_dict_pre"),
+    ("_state_dict_hooks", "state_dict"),
+    ("_load_state_dict_pre_hooks", "load_state_dict_pre"),
+    ("_load_state_dict_post_hooks", "load_state_dict_post"),
+)
+MODULE_DICTS = CALL_DICTS + STATE_DICTS
+GLOBAL_DICTS = (
+    ("_global_forward_pre_hooks", "forward_pre"),
+    ("_global_forward_hooks", "forward"),
+    ("_global_backward_pre_hooks", "backward_pre"),
+    ("_global_backward_hooks", "backward"),
+    ("_global_module_registration_hooks", "module_registration"),
+    ("_global_parameter_registration_hooks", "parameter_registration"),
+    ("_global_buffer_registration_hooks", "buffer_registration"),
+)
+TENSOR_DICTS = (("_backward_hooks", "grad"), ("_post_accumulate_grad_hooks", "post_accumulate_grad"))
+KIND_OF_ATTR = dict(MODULE_DICTS + GLOBAL_DICTS)
+
+
+class HookDict(NamedTuple):
+    """One hook dict and whose it is: `owner` is the module (module scope) or None."""
+
+    d: dict
+    kind: str
+    owner: Any
+    scope: str  # "module", "global" or "tensor"
+    tensor: Any = None  # the tensor, for tensor scope
+
+
+def global_dict(attr: str) -> Optional[dict]:
+    return getattr(nn_module, attr, None)
+
+
+def backward_kind(owner: Any) -> str:
+    """`backward` or `backward_legacy` for what a module's (or the global) `_backward_hooks` hold."""
+    flag = nn_module._global_is_full_backward_hook if owner is None else owner._is_full_backward_hook
+    return "backward_legacy" if flag is False else "backward"
+
+
+def kind_of(attr: str, owner: Any) -> str:
+    kind = KIND_OF_ATTR[attr]
+    return backward_kind(owner) if kind == "backward" else kind
+
+
+def global_dicts() -> Iterator[HookDict]:
+    for attr, _ in GLOBAL_DICTS:
+        d = global_dict(attr)
+        if d is not None:
+            yield HookDict(d, kind_of(attr, None), None, "global")
+
+
+def module_dicts(module: Any) -> Iterator[HookDict]:
+    md = module.__dict__
+    for attr, _ in MODULE_DICTS:
+        d = md.get(attr)
+        if d is not None:
+            yield HookDict(d, kind_of(attr, module), module, "module")
+
+
+def tensor_dicts(tensor: Any) -> Iterator[HookDict]:
+    for attr, kind in TENSOR_DICTS:
+        d = getattr(tensor, attr, None)
+        if d is not None:
+            yield HookDict(d, kind, None, "tensor", tensor)
+
+
+def hook_dicts(model: Any) -> Iterator[HookDict]:
+    """Every hook dict in the order PyTorch fires them: the global ones, then each module's
+    (`named_modules()` order), then the parameters' (as `model.parameters()` gives them)."""
+    yield from global_dicts()
+    if not isinstance(model, torch.nn.Module):
+        return
+    params: dict[int, Any] = {}
+    for module in model.modules():
+        yield from module_dicts(module)
+        for param in module.__dict__.get("_parameters", {}).values():
+            if param is not None:
+                params.setdefault(id(param), param)
+    for param in params.values():
+        yield from tensor_dicts(param)
+
+
+def live_hook_ids(model: Any) -> set[int]:
+    """Ids of every hook registered now on the model's modules and parameters, and globally."""
+    return {hid for hd in hook_dicts(model) for hid in hd.d}
+
+
+def module_flags(owner: Any, kind: str, hook_id: int) -> tuple[bool, bool]:
+    """(with_kwargs, always_call) as PyTorch's extra dicts record them."""
+    if owner is None:
+        if kind != "forward":
+            return False, False
+        kw = getattr(nn_module, "_global_forward_hooks_with_kwargs", {})
+        always = getattr(nn_module, "_global_forward_hooks_always_called", {})
+        return hook_id in kw, hook_id in always
+    if kind == "forward_pre":
+        return hook_id in getattr(owner, "_forward_pre_hooks_with_kwargs", {}), False
+    if kind == "forward":
+        return (
+            hook_id in getattr(owner, "_forward_hooks_with_kwargs", {}),
+            hook_id in getattr(owner, "_forward_hooks_always_called", {}),
+        )
+    return False, False
+
+
+def inferred_prepends(keys: list[int]) -> set[int]:
+    """Handle ids only grow, so a hook standing before a smaller id was prepended (SPEC §4)."""
+    found: set[int] = set()
+    smallest_after: Optional[int] = None
+    for key in reversed(keys):
+        if smallest_after is not None and key > smallest_after:
+            found.add(key)
+        smallest_after = key if smallest_after is None else min(smallest_after, key)
+    return found

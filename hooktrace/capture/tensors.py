@@ -1,0 +1,104 @@
+"""Naming tensor hooks: "<module>.<param>", "output of P", "input of P", "tensor in P" (SPEC §4)."""
+
+from __future__ import annotations
+
+import weakref
+from types import FrameType
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..schema import ROOT
+from . import shims
+
+Describe = Optional[tuple[str, Any]]  # ("output of" | "input of" | "tensor in", module) or None
+
+
+def weak(obj: Any) -> Any:
+    """A weak reference, or None for objects that take none."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+class TensorNamer:
+    """Which module a tensor hook belongs to, decided while the objects are alive."""
+
+    def __init__(self, run_codes: set, kind_of_hook: Callable[[int], tuple[Optional[str], Any]]) -> None:
+        self._run_codes = run_codes  # code objects of the module-call wrapper: a frame inside a call
+        self._kind_of_hook = kind_of_hook  # trace hook id -> (kind, owner module) of a hook we know
+        self._outputs: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (weakref, module)
+
+    def on_output(self, module: Any, result: Any) -> None:
+        """Remember the outputs of a module with full backward hooks (their hooks race its pre-hooks)."""
+        if len(self._outputs) > 4096:
+            self._outputs.clear()
+        for tensor in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(tensor, torch.Tensor):
+                ref = weak(tensor)
+                if ref is not None:
+                    self._outputs[id(tensor)] = (ref, module)
+
+    def describe(self, tensor: Any, frame: Optional[FrameType]) -> Describe:
+        """Which module's output/input a tensor hook went on.
+
+        The output of a module with full backward hooks is known exactly; otherwise the innermost
+        traced frame tells (a hook's shim frame, or a module call).
+        """
+        known = self._outputs.get(id(tensor))
+        if known is not None and known[0]() is tensor:
+            return ("output of", known[1])
+        while frame is not None:
+            call = shims.shim_call(frame)
+            if call is not None:
+                hook_id, args, mod = call
+                kind, owner = self._kind_of_hook(hook_id)
+                if mod is None:
+                    mod = owner
+                if kind == "forward" and args and _contains(args[-1], tensor):
+                    return ("output of", mod)
+                if kind in ("forward", "forward_pre") and len(args) > 1 and _contains(args[1], tensor):
+                    return ("input of", mod)
+                return ("tensor in", mod)
+            if frame.f_code in self._run_codes:
+                return ("tensor in", frame.f_locals.get("self"))
+            frame = frame.f_back
+        return None
+
+    def clear(self) -> None:
+        self._outputs.clear()
+
+
+def hook_place(
+    scope: str,
+    owner: Any,
+    tensor: Any,
+    desc: Describe,
+    paths: dict[int, str],
+    params: dict[int, tuple[str, str]],
+) -> tuple[Optional[str], Optional[str]]:
+    """The hook's `module` and `tensor` fields (SPEC §4)."""
+    module = paths.get(id(owner)) if owner is not None else None
+    if scope != "tensor":
+        return module, None
+    if tensor is not None and id(tensor) in params:
+        module, pname = params[id(tensor)]
+        return module, (f"{module}.{pname}" if module else pname)
+    if desc is not None:
+        how, described = desc
+        owner_path = paths.get(id(described)) if described is not None else None
+        if owner_path is None:
+            owner_path = type(described).__name__
+        return module, f"{how} {owner_path or ROOT}"
+    return module, "tensor"
+
+
+def _contains(container: Any, tensor: Any) -> bool:
+    if container is tensor:
+        return True
+    if isinstance(container, (tuple, list)):
+        return any(item is tensor for item in container)
+    if isinstance(container, dict):
+        return any(item is tensor for item in container.values())
+    return False
