@@ -9,7 +9,7 @@ from operator import itemgetter
 from typing import Any, Optional
 
 from ..analysis.surprises import find_surprises
-from ..schema import Event, Hook, Meta, Module, Trace
+from ..schema import ROOT, Event, Hook, Meta, Module, Surprise, Trace
 from . import shims
 
 # The phase of a hook event by kind; None: the phase of the module call it ran in (other kinds: "other").
@@ -49,14 +49,64 @@ class Pending:
     module_calls: list[tuple]  # Recorder.calls
     n_module_calls: int
     step_starts: list[int]
+    compiled: list[int] = dataclasses.field(default_factory=list)  # Recorder.compiled
 
 
 def build_trace(pending: Pending) -> Trace:
     hooks = [to_hook(r) for r in pending.records]
     events = build_events(pending, {h.id: h for h in hooks})
     trace = Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)
-    trace.surprises = find_surprises(trace)
+    trace.surprises = find_surprises(trace) + compiled_calls(trace, pending)
     return trace
+
+
+def compiled_calls(trace: Trace, pending: Pending) -> list[Surprise]:
+    """A `compiled` surprise per module that ran compiled: the capture saw the call, not its hooks."""
+    compiled = set(pending.compiled)
+    enters: dict[Optional[str], list[int]] = {}
+    for enter, _leave, _phase, module_id, *_ in islice(pending.module_calls, pending.n_module_calls):
+        if enter in compiled:
+            enters.setdefault(pending.paths.get(module_id), []).append(enter)
+    if not enters:
+        return []
+    to_event = _raw_to_event_seqs(pending)
+    out = []
+    for path, seqs in enters.items():
+        label = ROOT if path == "" else (path if path is not None else "a module outside the model")
+        inside = [
+            h.id
+            for h in trace.hooks
+            if h.scope == "global" or (h.scope == "module" and _under(h.module, path))
+        ]
+        n = len(seqs)
+        out.append(
+            Surprise(
+                rule="compiled",
+                message=(
+                    f"`{label}` ran compiled by torch.compile ({n} call{'s' if n != 1 else ''}): the hooks of "
+                    "it and its submodules ran inside the compiled graph, so they are not traced one by one "
+                    "(trace the eager model to see their order)"
+                ),
+                hooks=inside,
+                events=[to_event[s] for s in seqs if s in to_event],
+            )
+        )
+    return out
+
+
+def _under(module: Optional[str], path: Optional[str]) -> bool:
+    if path is None:
+        return False
+    return module is not None and (path == "" or module == path or module.startswith(path + "."))
+
+
+def _raw_to_event_seqs(pending: Pending) -> dict[int, int]:
+    """Capture seqs of module-call enters -> the seq of their `enter` event in the trace."""
+    raw = sorted(
+        [r[0] for r in islice(pending.hook_calls, pending.n_hook_calls)]
+        + [s for r in islice(pending.module_calls, pending.n_module_calls) for s in r[:2]]
+    )
+    return {seq: i for i, seq in enumerate(raw)}
 
 
 def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
@@ -78,7 +128,9 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
         path = paths.get(module_id) if module_id is not None else tensor_module
         error = outcome if outcome.__class__ is str else None
         append((seq, "hook", phase, path, hid, kind, tid, t0 - start, t1 - t0, outcome is True, error))
-    for enter, leave, phase, module_id, tid, t0, t1, error in islice(pending.module_calls, pending.n_module_calls):
+    for enter, leave, phase, module_id, tid, t0, t1, error in islice(
+        pending.module_calls, pending.n_module_calls
+    ):
         path = paths.get(module_id)
         append((enter, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
         append((leave, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))

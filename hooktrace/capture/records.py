@@ -84,7 +84,9 @@ class HookBook:
         return record
 
     def _new_record(self, tid: int, hid: int, fn: Any, kind: str, owner: Any, scope: str) -> Record:
-        with_kwargs, always_call = dicts.module_flags(owner, kind, hid) if scope != "tensor" else (False, False)
+        with_kwargs, always_call = (
+            dicts.module_flags(owner, kind, hid) if scope != "tensor" else (False, False)
+        )
         record = Record(
             id=tid,
             kind=kind,

@@ -72,7 +72,9 @@ class TraceSession:
         if self._trace is not None or self._pending is not None:
             raise RuntimeError("this hooktrace.trace() session has already run; create a new one")
         if self._rec.step_starts:
-            raise RuntimeError("mark_step() was called before the `with hooktrace.trace(...)` block; call it inside")
+            raise RuntimeError(
+                "mark_step() was called before the `with hooktrace.trace(...)` block; call it inside"
+            )
         _ACTIVE = self
         self._active = True
         self._start_ns = time.perf_counter_ns()
@@ -135,7 +137,9 @@ class TraceSession:
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._interceptor.install()
         empty: dict = {}  # a torch without one of these dicts
-        g_bwd_pre, g_bwd = (dicts.global_dict(a) for a in ("_global_backward_pre_hooks", "_global_backward_hooks"))
+        g_bwd_pre, g_bwd = (
+            dicts.global_dict(a) for a in ("_global_backward_pre_hooks", "_global_backward_hooks")
+        )
         module_call = shims.make_module_call(
             self._rec,
             vars(torch.nn.Module)["__call__"],
@@ -246,7 +250,9 @@ class TraceSession:
         if self._during_run(sys._getframe(1)):
             record.removed_during_run = True
 
-    def _on_register(self, handle: RemovableHandle, kind: str, owner: Any, arguments: dict, frame: Any) -> None:
+    def _on_register(
+        self, handle: RemovableHandle, kind: str, owner: Any, arguments: dict, frame: Any
+    ) -> None:
         site = self._site(frame)
         site.prepend = bool(arguments.get("prepend", False))
         book = self._book
@@ -324,6 +330,7 @@ class TraceSession:
             module_calls=rec.calls,
             n_module_calls=len(rec.calls),
             step_starts=rec.step_starts,
+            compiled=rec.compiled,
         )
 
     def _release(self) -> None:

@@ -108,6 +108,7 @@ _USUAL = {
 }
 _GENERIC_CALL = "            result = fn(*args, **kwargs)"
 
+
 # Fixed templates compiled once, as namedtuple and dataclasses do, each under a file name of its own
 # whose text `linecache` holds: a traceback through a user's failing hook shows the shim's real lines.
 def _compile(source: str, filename: str) -> Any:
@@ -142,11 +143,22 @@ _MISSING = object()
 class Recorder:
     """Shared state of one capture that shims write into. Appends are atomic under the GIL."""
 
-    __slots__ = ("hooks", "calls", "modules", "module_ids", "seq", "step_starts", "main_thread", "_factories")
+    __slots__ = (
+        "hooks",
+        "calls",
+        "compiled",
+        "modules",
+        "module_ids",
+        "seq",
+        "step_starts",
+        "main_thread",
+        "_factories",
+    )
 
     def __init__(self) -> None:
         self.hooks: list[tuple] = []
         self.calls: list[tuple] = []
+        self.compiled: list[int] = []  # enter seqs of module calls that ran compiled (torch.compile)
         self.modules: list[Any] = []  # every module called: records name them by id
         self.module_ids: dict[int, int] = {}  # id -> that same int, one object per module
         self.seq = itertools.count()
@@ -185,6 +197,7 @@ class Recorder:
     def steps(self) -> int:
         return len(self.step_starts) + 1
 
+
 # `returned` (SPEC §4): the hook returned something PyTorch uses in place of what it passed, which is
 # not the case when it hands back the very object it was given. One test per kind, on that object.
 def _given(args: tuple) -> list:
@@ -217,7 +230,9 @@ def _same_last(result: Any, *args: Any) -> bool:  # forward hooks: the output
 def _same_pre(result: Any, *args: Any) -> bool:  # forward pre-hooks: args, or (args, kwargs)
     given = _given(args)
     if len(given) >= 3:  # with_kwargs: (module, args, kwargs) -> (args, kwargs)
-        return isinstance(result, tuple) and len(result) == 2 and result[0] is given[1] and result[1] is given[2]
+        return (
+            isinstance(result, tuple) and len(result) == 2 and result[0] is given[1] and result[1] is given[2]
+        )
     if len(given) < 2:
         return False
     inputs = given[1]
@@ -263,7 +278,9 @@ def make_shim(
     PyTorch calling convention passes it), else the bound `module`.
     """
     factory = rec._factories[ARITY.get(kind)]
-    return factory(fn, hook_id, None if module is None else id(module), module_from_args, SAME.get(kind, _same_first))
+    return factory(
+        fn, hook_id, None if module is None else id(module), module_from_args, SAME.get(kind, _same_first)
+    )
 
 
 SHIM_CODES = frozenset(
@@ -299,13 +316,15 @@ def make_module_call(
 
     It calls `call_impl` (the copy of `_call_impl` that reads hooks through views) itself, as
     `_wrapped_call_impl` calls `_call_impl`, so tracing adds no Python frame per module level. While
-    Dynamo compiles, it is PyTorch's own `_wrapped_call_impl` (no graph break, the same graph); a
-    module compiled with `module.compile()` runs its compiled call, recorded as one call. Modules
+    Dynamo compiles, it is PyTorch's own `_wrapped_call_impl` (no graph break, the same graph). A
+    call that runs compiled (`torch.compile(m)`'s wrapper, named as `m`, or `m.compile()`) is one
+    recorded call whose seq goes to `rec.compiled`: its hooks run inside the graph. Modules
     whose class overrides `_call_impl` get theirs. `on_output(module, result)` sees the output of
     modules with full backward hooks, so tensor hooks registered on it can be named "output of ...".
     """
     g_bwd_pre, g_bwd = global_backward
     append = rec.calls.append
+    compiled_calls = rec.compiled
     modules = rec.modules
     module_ids = rec.module_ids
     counter = rec.seq
@@ -318,14 +337,19 @@ def make_module_call(
     def hooktrace_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if compiling():
             return original_call(self, *args, **kwargs)
-        key = module_ids.get(id(self))  # rec.module_key(self), inlined on the hot path
+        md = self.__dict__
+        children = md.get("_modules")
+        named = children["_orig_mod"] if children and "_orig_mod" in children else self  # torch.compile(m)
+        key = module_ids.get(id(named))  # rec.module_key(named), inlined on the hot path
         if key is None:
-            key = module_ids[id(self)] = id(self)
-            modules.append(self)
+            key = module_ids[id(named)] = id(named)
+            modules.append(named)
         seq = next(counter)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         t0 = clock()
         try:
+            if named is not self or self._compiled_call_impl is not None:
+                compiled_calls.append(seq)
             if self._compiled_call_impl is not None:
                 result = self._compiled_call_impl(*args, **kwargs)
             elif type(self)._call_impl is original_call_impl:
@@ -344,7 +368,6 @@ def make_module_call(
         if tid == main:
             tid = main
         append((seq, next(counter), phase, key, tid, t0, t1, None))
-        md = self.__dict__
         if md.get("_backward_pre_hooks") or md.get("_backward_hooks") or g_bwd_pre or g_bwd:
             on_output(self, result)
         return result

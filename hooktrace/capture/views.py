@@ -91,7 +91,9 @@ class _Copies:
             if not _READ.search(text):
                 continue
             self.originals[name] = fn
-            pieces.append((first, [_REBOUND.sub(_MODULE_NAME + r".\1", _READ.sub(_substitute, line)) for line in lines]))
+            pieces.append(
+                (first, [_REBOUND.sub(_MODULE_NAME + r".\1", _READ.sub(_substitute, line)) for line in lines])
+            )
         if not pieces:
             return
         pieces.sort()
