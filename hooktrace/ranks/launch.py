@@ -40,6 +40,7 @@ from .result import (
     DIED,
     EXIT_CODES,
     HUNG,
+    STOPPED,
     RankOutcome,
     RanksResult,
     rank_trace_path,
@@ -181,11 +182,13 @@ def _signals_raise() -> Iterator[dict[str, int]]:
     elastic = logging.getLogger("torch.distributed.elastic")
     quiet = logging.NullHandler()  # its warnings ("Sending process ... closing signal") are ours to say
     elastic.addHandler(quiet)
+    propagate, elastic.propagate = elastic.propagate, False  # torch's own handler sits on "torch"
     try:
         yield seen
     except SignalException as exc:
         seen["signal"] = int(exc.sigval)
     finally:
+        elastic.propagate = propagate
         elastic.removeHandler(quiet)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
@@ -227,6 +230,7 @@ class _Watch:
         self.hung: dict[int, str] = {}
         self.timed_out: Optional[str] = None
         self.interrupted: Optional[int] = None
+        self.stopping = False  # hooktrace itself stopped the ranks (timeout, signal)
         self.pc: Any = None
         self.store: Any = None
 
@@ -300,6 +304,7 @@ class _Watch:
 
         if self.pc is None:
             return
+        self.stopping = True
         try:
             self.pc.close(death_sig=sig, timeout=STOP_GRACE)
         except SignalException:  # asked again while waiting: no more grace
@@ -353,15 +358,35 @@ class _Watch:
             outcome.traceback = message.get("extraInfo", {}).get("py_callstack")
             return
         code = outcome.exitcode
-        if code is not None and code < 0:
-            outcome.error = f"the rank's process died from {_signal_name(-code)}"
-        elif code is None:
+        if outcome.state == STOPPED:
+            outcome.error = "stopped before it began tracing"
+            return
+        if code is None:
             outcome.error = "the rank's process did not end, even after SIGKILL"
+            return
+        if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL) and self._stopped(outcome):
+            # ours: it ended before its handler was in place, or did not end within the grace
+            outcome.state, outcome.error = STOPPED, f"stopped by {_signal_name(-code)}"
+            return
+        if code < 0:
+            outcome.error = f"the rank's process died from {_signal_name(-code)}"
         else:
             outcome.error = f"the rank's process exited with code {code} without a word"
         last = self._stderr_tail(outcome.rank)
         if last:
             outcome.error += f"; its last words: {last}"
+
+    def _stopped(self, outcome: RankOutcome) -> bool:
+        """Whether hooktrace or the PContext (after another rank failed first) stopped this rank."""
+        if self.stopping:
+            return True
+        mine = self.ended.get(outcome.rank, 0.0)
+        handlers = self.pc.subprocess_handlers
+        return any(
+            handlers[r].proc.returncode not in (0, None) and self.ended.get(r, mine) < mine
+            for r in range(self.nproc)
+            if r != outcome.rank
+        )
 
     def _stderr_tail(self, rank: int) -> str:
         with contextlib.suppress(OSError, KeyError):

@@ -44,12 +44,17 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise RankTerminated(f"stopped by {signal.Signals(signum).name}")
 
 
-def _terminated(exc: Optional[BaseException]) -> bool:
+def _termination(exc: Optional[BaseException]) -> Optional[RankTerminated]:
+    """The stop signal behind `exc`, if any (a hook or the factory may have wrapped it)."""
     while exc is not None:
         if isinstance(exc, RankTerminated):
-            return True
+            return exc
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
+
+
+def _terminated(exc: Optional[BaseException]) -> bool:
+    return _termination(exc) is not None
 
 
 def _env_int(name: str, default: Optional[int] = None) -> int:
@@ -155,8 +160,14 @@ def _rank(job: dict[str, Any]) -> None:
 
     reports.progress("running")
     options = dict(job["options"], device=device)
-    with _factory_may_init(dist):
-        result = run(load_factory(job["target"]), on_step=reports.step, **options)
+    try:
+        with _factory_may_init(dist):
+            result = run(load_factory(job["target"]), on_step=reports.step, **options)
+    except UsageError as exc:
+        stop = _termination(exc)
+        if stop is not None:  # not the factory's fault: say what happened
+            raise RankTerminated(f"{stop} while loading the target") from exc
+        raise
     reports.progress("writing")
     trace = result.trace
     trace.meta.rank = rank
@@ -180,15 +191,15 @@ def state_of(exc: Optional[BaseException]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one rank from its JOB (JSON: target, out, options, join_timeout); the exit code says how it ended."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, _raise_terminated)  # first: importing torch takes seconds
     signal.signal(signal.SIGINT, _raise_terminated)
     args = sys.argv[1:] if argv is None else argv
     failure: Optional[BaseException] = None
     try:
         if len(args) != 1:
             raise UsageError("python -m hooktrace.ranks is started by hooktrace run --nproc N")
+        from torch.distributed.elastic.multiprocessing.errors import record
+
         record(_rank)(json.loads(args[0]))  # an exception is written to the rank's elastic error file
     except Exception as exc:
         failure = exc
