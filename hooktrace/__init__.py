@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
+from .inputs import Inputs, Target
 from .schema import Trace, TraceFormatError, load
-from .target import Inputs, Target
 
 if TYPE_CHECKING:
     from .capture import TraceSession

@@ -1,130 +1,67 @@
 """The `hooktrace` command line (SPEC §2): parse, call the library, choose the exit code.
 
 Exit codes: 0 success; 1 the run raised or a diff/check found a difference (the partial trace is
-still rendered and written); 2 bad usage or input, reported as one `error: ...` line.
-torch is imported only by `run` and `hooks`, so `--help`, `render` and `diff` start fast; nor is
-pydantic, which newer typer imports to convert option values (see `_PlainValues`).
+still rendered and written); 2 bad usage or input, reported as one `error: ...` line; 130 / 143 a run
+stopped by SIGINT / SIGTERM (the partial trace is still rendered and written).
+Only typer's public API is used. torch is imported only by `run` and `hooks`, once the target is found.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import sys
 import traceback as _traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, get_args, get_origin
+from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
-from typer.core import TyperCommand, TyperGroup
 
-from .target import UsageError
-
-PIPE_WIDTH = 120
+from .options import RunOptions, UsageError, cli_option
 
 if TYPE_CHECKING:
     from .schema import Trace
 
+PIPE_WIDTH = 120
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 FORMATS = ("tree", "json", "dot", "svg", "chrome")
-PHASE_CHOICES = ("forward", "backward", "recompute", "other")
-
-# -- option values without pydantic ---------------------------------------------------------------
-# typer >= 0.29 converts every non-flag value through a pydantic TypeAdapter, and importing pydantic
-# costs `render` and `diff` more than all the rest of their start-up (issue 5). This CLI takes only
-# plain str, int, float, Path and List[str] values: they are converted here exactly as typer does,
-# and anything else (a bad or out-of-range number, an unreadable path, bytes) goes to typer's own
-# conversion, so its error messages stay word for word. Older typer (click types) is left alone.
-_TYPER = object()  # "let typer decide"
-_PLAIN_PATH = {  # typer's defaults: with these, a Path is only checked for being readable if it exists
-    "exists": False,
-    "file_okay": True,
-    "dir_okay": True,
-    "readable": True,
-    "writable": False,
-    "resolve_path": False,
-    "allow_dash": False,
-    "path_type": None,
-}
+PHASE_CHOICES = ("forward", "backward", "recompute", "optimizer", "other")
+ROOT_LABEL = "<root>"  # how the tree shows the root module; `--module "<root>"` selects it
+VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
+              "all_surprises": "--all-surprises"}  # fmt: skip
 
 
-def _plain_value(annotation: Any, info: Any, value: Any) -> Any:
-    """`value` as typer would convert it for `annotation`, or _TYPER when typer must decide."""
-    if annotation is str and isinstance(value, str):
-        return value
-    if annotation in (int, float) and isinstance(value, str) and not getattr(info, "clamp", True):
-        digits = value.replace(".", "", 1) if annotation is float else value
-        if digits.isascii() and digits.isdigit() and len(digits) < 16:  # long: typer's limits apply
-            number = annotation(value)
-            low, high = getattr(info, "min", None), getattr(info, "max", None)
-            if (low is None or number >= low) and (high is None or number <= high):
-                return number
-        return _TYPER
-    if annotation is Path and isinstance(value, str) and "\0" not in value:
-        if all(getattr(info, name, None) == plain for name, plain in _PLAIN_PATH.items()):
-            if not os.path.exists(value) or os.access(value, os.R_OK):
-                return Path(value)
-        return _TYPER
-    if get_origin(annotation) is list and isinstance(value, (list, tuple)):
-        items = [_plain_value(get_args(annotation)[0], info, item) for item in value]
-        return _TYPER if any(item is _TYPER for item in items) else items
-    return _TYPER
+def _show_version(value: bool) -> None:
+    if value:
+        from . import __version__
 
-
-class _PlainValues:
-    """One parameter's value conversion (typer's RuntimeParam protocol): plain values here,
-    the rest by typer's own, which is built (and imports pydantic) only when first needed."""
-
-    def __init__(self, typers: Callable[[], Any]) -> None:
-        self._typers = typers
-
-    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
-        if value is None:
-            return () if param.multiple or param.nargs == -1 else None
-        descriptor = param.type_descriptor
-        plain = _plain_value(descriptor.annotation, descriptor.parameter_info, value)
-        if plain is _TYPER:
-            return self._typers().coerce(value, param=param, ctx=ctx)
-        return plain
-
-
-def _convert_plain_values(params: List[Any]) -> List[Any]:
-    """Give each typer parameter `_PlainValues` (typer's, created lazily, stays the fallback)."""
-    for param in params:
-        typers = getattr(param, "get_runtime_param", None)
-        if (
-            typers is not None
-            and hasattr(param, "type_descriptor")
-            and "get_runtime_param" not in vars(param)
-        ):
-            plain = _PlainValues(typers)
-            param.get_runtime_param = lambda plain=plain: plain
-    return params
-
-
-class _Command(TyperCommand):
-    """typer's command; its parameters (--help too, made on first use) converted by `_PlainValues`."""
-
-    def get_params(self, ctx: Any) -> List[Any]:
-        return _convert_plain_values(super().get_params(ctx))
-
-
-class _Group(TyperGroup):
-    """typer's group: its own --help is a parameter too (the commands are `_Command`s)."""
-
-    def get_params(self, ctx: Any) -> List[Any]:
-        return _convert_plain_values(super().get_params(ctx))
+        print(f"hooktrace {__version__}")
+        raise typer.Exit()
 
 
 app = typer.Typer(
-    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
-    help="See the order in which PyTorch module, global and tensor hooks really fire, and why.",
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+@app.callback()
+def _hooktrace(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_show_version, help="Show the version and exit."
+    ),
+) -> None:
+    """See the order in which PyTorch module, global and tensor hooks really fire, and why."""
+
+
 # -- shared options -------------------------------------------------------------------------------
+TARGET_ARG = typer.Argument(
+    ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
+)
 FORMAT_OPT = typer.Option(
     None,
     "--format",
@@ -139,12 +76,16 @@ DEPTH_OPT = typer.Option(
     None, "--depth", metavar="N", min=0, help="Tree: show module calls nested at most this deep."
 )
 MODULE_OPT = typer.Option(
-    None, "--module", metavar="PATH", help="Tree: only this module path and what runs inside it."
+    None,
+    "--module",
+    metavar="PATH",
+    help=f'Tree: only this module path and what runs inside it ("{ROOT_LABEL}" is the root).',
 )
-PHASE_OPT = typer.Option(
-    None, "--phase", metavar="PHASE", help="Tree: only forward|backward|recompute|other."
-)
+PHASE_OPT = typer.Option(None, "--phase", metavar="PHASE", help=f"Tree: only {'|'.join(PHASE_CHOICES)}.")
 EXPAND_OPT = typer.Option(False, "--expand", help="Tree: do not collapse repeated identical siblings.")
+ALL_SURPRISES_OPT = typer.Option(
+    False, "--all-surprises", help="Tree: show info-level surprises too, not only their count."
+)
 TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
 
 
@@ -157,14 +98,42 @@ def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
     if show_traceback:
         _traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if show_traceback:
+        message = message.replace(" (--traceback shows where)", "")
     _stderr(f"error: {message}")
     raise typer.Exit(EXIT_USAGE)
 
 
-def _tree_options(depth: Optional[int], module: Optional[str], phase: Optional[str], expand: bool) -> dict:
+def _view(
+    depth: Optional[int], module: Optional[str], phase: Optional[str], expand: bool, all_surprises: bool
+) -> dict[str, Any]:
+    """The display options given (not their defaults)."""
     if phase is not None and phase not in PHASE_CHOICES:
         raise UsageError(f"unknown --phase {phase!r}; use one of {', '.join(PHASE_CHOICES)}")
-    return {"depth": depth, "module": module, "phase": phase, "expand": expand}
+    given = {
+        "depth": depth,
+        "module": module,
+        "phase": phase,
+        "expand": expand,
+        "all_surprises": all_surprises,
+    }
+    return {k: v for k, v in given.items() if v is not None and v is not False}
+
+
+def _module_path(trace: Trace, module: str) -> str:
+    """`--module` -> a module path of the trace (`<root>` is ""); UsageError with close names."""
+    if module in (ROOT_LABEL, "(root)"):
+        return ""
+    paths = [m.path for m in trace.modules]
+    if module in paths:
+        return module
+    close = [p for p in paths if p.endswith("." + module)]
+    close += [p for p in difflib.get_close_matches(module, paths, n=3) if p not in close]
+    hint = f"did you mean {', '.join(repr(p) for p in close[:3])}?" if close else ""
+    if not hint:
+        shown = ", ".join(repr(p or ROOT_LABEL) for p in paths[:6]) + (", ..." if len(paths) > 6 else "")
+        hint = f"module paths are {shown}" if paths else "the trace has no modules"
+    raise UsageError(f"no module {module!r} in the trace; {hint} (give --module PATH or {ROOT_LABEL!r})")
 
 
 def _console(**options: Any) -> Any:
@@ -178,22 +147,31 @@ def _console(**options: Any) -> Any:
     return console
 
 
-def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts: dict) -> None:
-    """Render to the terminal (tree: rich, colour when it is a terminal) or write to `output`."""
+def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict[str, Any]) -> None:
+    """Render to the terminal (tree: rich, colour when it is a terminal) or write to `output`.
+
+    Display options the chosen format does not take are named in a `note:` and not applied."""
     from . import render as r
 
+    if "module" in view:
+        view = dict(view, module=_module_path(trace, view["module"]))
     try:
         chosen = r.format_for_path(str(output) if output else None, fmt)
+        takes = r.renderer(chosen).options
+        ignored = [VIEW_FLAGS[k] for k in view if k not in takes]
+        if ignored:
+            what = "the trace itself (everything)" if chosen == "json" else "every module and phase"
+            _stderr(f"note: {', '.join(ignored)} not applied: {chosen} output shows {what}")
+        opts = {k: v for k, v in view.items() if k in takes}
         if output is None and chosen == "tree":
             from .render.tree import build_tree
 
-            _console().print(build_tree(trace, **tree_opts))
+            _console().print(build_tree(trace, **opts))
             return
-        takes = r.renderer(chosen).options
         if chosen == "json" and output is not None and output.name.lower().endswith(".gz"):
             data = None  # Trace.save compresses it
         else:
-            data = r.render(trace, chosen, **{k: v for k, v in tree_opts.items() if k in takes})
+            data = r.render(trace, chosen, **opts)
     except r.RenderError as exc:
         raise UsageError(str(exc)) from exc
     if output is None:
@@ -204,16 +182,37 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], tree_opts:
             sys.stdout.write(data if data.endswith("\n") else data + "\n")
         sys.stdout.flush()
         return
+    _write(trace, output, data)
+    _stderr(f"wrote {output} ({chosen}: {len(trace.hooks)} hooks, {len(trace.events)} events)")
+
+
+def _write(trace: Trace, output: Path, data: Any) -> None:
+    """Write atomically: a failed write leaves what was at `output` untouched."""
+    from .io import write_atomic
+
     try:
         if data is None:
             trace.save(output)
-        elif isinstance(data, bytes):
-            output.write_bytes(data)
         else:
-            output.write_text(data, encoding="utf-8")
+            write_atomic(output, data)
     except OSError as exc:
-        raise UsageError(f"cannot write {output}: {exc.strerror or exc}; check the folder exists") from exc
-    _stderr(f"wrote {output} ({chosen}: {len(trace.hooks)} hooks, {len(trace.events)} events)")
+        raise UsageError(f"cannot write {output}: {_os_error(exc, output)}") from exc
+
+
+def _os_error(exc: OSError, path: Path) -> str:
+    """What went wrong, in words, with what to do when it is the folder."""
+    import errno
+
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOENT and not path.parent.is_dir():
+        return f"{reason} (the folder {path.parent} does not exist; create it first)"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{reason}; free some space or write elsewhere (nothing was overwritten)"
+    if exc.errno == errno.EFBIG:
+        return f"{reason} (a file-size limit, see ulimit -f); nothing was overwritten"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{reason}; choose a path you can write to"
+    return f"{reason} (errno {exc.errno})" if exc.errno else reason
 
 
 def _load_trace(path: Path) -> Trace:
@@ -252,14 +251,12 @@ def _run_ranks(
     target: str,
     nproc: int,
     rank: Optional[int],
-    timeout: Optional[float],
-    options: dict,
-    device: Optional[str],
+    options: RunOptions,
     fmt: Optional[str],
     output: Optional[Path],
     golden: Optional[Trace],
     check: Optional[Path],
-    tree_opts: Optional[dict] = None,
+    view: dict[str, Any],
 ) -> int:
     """`--nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
     from .ranks import DEFAULT_TIMEOUT, run_ranks
@@ -268,14 +265,14 @@ def _run_ranks(
         target,
         nproc,
         out=str(output) if output is not None else None,
-        options={**options, "device": device},
-        timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
+        options=dataclasses.replace(options, timeout=None),
+        timeout=options.timeout if options.timeout is not None else DEFAULT_TIMEOUT,
         show_rank=rank or 0,
     )
     if ranks.usage_error is not None:
         raise UsageError(ranks.usage_error)
     if ranks.shown is not None:
-        _output(ranks.shown, fmt, None, tree_opts or {})
+        _output(ranks.shown, fmt, None, view)
     if fmt in (None, "tree"):
         print(ranks.summary())
     else:  # keep stdout one document (`-f json | jq`)
@@ -287,34 +284,24 @@ def _run_ranks(
     return code
 
 
-def _positive_seconds(value: Optional[float]) -> Optional[float]:
-    if value is not None and not value > 0:  # 0 would stop every rank at once; NaN never
-        raise typer.BadParameter(f"{value:g} is not a positive number of seconds")
+def _more_than_zero(value: Optional[float]) -> Optional[float]:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value} is not more than 0 seconds")
     return value
 
 
 # -- commands -------------------------------------------------------------------------------------
 
 
-@app.command(cls=_Command)
+@app.command()
 def run(
-    target: str = typer.Argument(
-        ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
-    ),
-    input: List[str] = typer.Option(
-        [], "--input", "-i", metavar="SHAPE", help="Input shape like 8x3x32x32, once per argument."
-    ),
-    dtype: Optional[str] = typer.Option(
-        None, "--dtype", metavar="DTYPE", help="dtype of --input tensors (default: model's)."
-    ),
-    device: Optional[str] = typer.Option(
-        None,
-        "--device",
-        metavar="cpu|cuda|auto",
-        help="Move model and inputs there (auto: CUDA if any); default: inputs follow the model.",
-    ),
-    no_backward: bool = typer.Option(False, "--no-backward", help="Run forward only."),
-    steps: int = typer.Option(1, "--steps", metavar="N", min=1, help="Forward(+backward) iterations."),
+    target: str = TARGET_ARG,
+    input: List[str] = cli_option("input_shapes", []),
+    dtype: Optional[str] = cli_option("dtype"),
+    device: Optional[str] = cli_option("device"),
+    no_backward: bool = cli_option("backward", False),
+    steps: int = cli_option("steps", 1, min=1),
+    optimizer: Optional[str] = cli_option("optimizer"),
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
     check: Optional[Path] = typer.Option(
@@ -326,45 +313,40 @@ def run(
     rank: Optional[int] = typer.Option(
         None, "--rank", metavar="R", min=0, help="With --nproc: the rank to show."
     ),
-    timeout: Optional[float] = typer.Option(
-        None,
-        "--timeout",
-        metavar="SECONDS",
-        callback=_positive_seconds,
-        help="With --nproc: how long a rank may outlive another, or go without progress (default 60).",
-    ),
+    timeout: Optional[float] = cli_option("timeout", None, callback=_more_than_zero),
     depth: Optional[int] = DEPTH_OPT,
     module: Optional[str] = MODULE_OPT,
     phase: Optional[str] = PHASE_OPT,
     expand: bool = EXPAND_OPT,
+    all_surprises: bool = ALL_SURPRISES_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Load TARGET, run forward and backward under the tracer, and show the order hooks fired."""
     try:
-        tree_opts = _tree_options(depth, module, phase, expand)
-        golden = _load_trace(check) if check is not None else None
+        options = RunOptions(
+            input_shapes=tuple(input),
+            dtype=dtype,
+            device=device,
+            backward=not no_backward,
+            steps=steps,
+            optimizer=optimizer,
+            timeout=timeout,
+        ).check()
+        view = _view(depth, module, phase, expand, all_surprises)
         if format is not None and format not in FORMATS:
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
         if nproc is None and (rank is not None or timeout is not None):
             raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
+        golden = _load_trace(check) if check is not None else None
         if nproc is not None:
-            run_options = {"steps": steps, "backward": not no_backward, "input_shapes": input, "dtype": dtype}
-            code = _run_ranks(
-                target, nproc, rank, timeout, run_options, device, format, output, golden, check, tree_opts
-            )
-            raise typer.Exit(code)
-        from .capture.run import run as run_target
+            raise typer.Exit(_run_ranks(target, nproc, rank, options, format, output, golden, check, view))
         from .target import load_factory
 
-        result = run_target(
-            load_factory(target),
-            steps=steps,
-            backward=not no_backward,
-            input_shapes=input,
-            dtype=dtype,
-            device=device,
-        )
-        _output(result.trace, format, output, tree_opts)
+        factory = load_factory(target)  # before importing torch: a missing file is reported at once
+        from .capture.run import run as run_target
+
+        result = run_target(factory, options, stop_signals=True)
+        _output(result.trace, format, output, view)
     except UsageError as exc:
         _fail(exc, traceback)
     for note in result.notes:
@@ -378,23 +360,26 @@ def run(
         code = EXIT_DIFFERENT
     if golden is not None and not _compare(golden, result.trace, str(check), target, check=True):
         code = EXIT_DIFFERENT
+    if result.stopped_by is not None:
+        _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
+        code = 128 + result.stopped_by.value
     raise typer.Exit(code)
 
 
-@app.command(cls=_Command)
+@app.command()
 def hooks(
-    target: str = typer.Argument(
-        ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
-    ),
+    target: str = TARGET_ARG,
     expand: bool = typer.Option(False, "--expand", help="List every module; do not fold repeats."),
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Registered hooks per module, in the order PyTorch will fire them; nothing runs."""
     try:
-        from .capture.run import firing_order, group_modules, inventory
         from .target import load_factory
 
-        found = inventory(load_factory(target))
+        factory = load_factory(target)
+        from .capture.run import firing_order, group_modules, inventory
+
+        found = inventory(factory)
     except UsageError as exc:
         _fail(exc, traceback)
 
@@ -454,7 +439,7 @@ def _inventory_text(trace: Trace, groups: list, live: set[int]) -> Any:
     return text
 
 
-@app.command(cls=_Command)
+@app.command()
 def render(
     trace_file: Path = typer.Argument(..., metavar="TRACE.json", help="A trace written by hooktrace run -o."),
     format: Optional[str] = FORMAT_OPT,
@@ -463,19 +448,20 @@ def render(
     module: Optional[str] = MODULE_OPT,
     phase: Optional[str] = PHASE_OPT,
     expand: bool = EXPAND_OPT,
+    all_surprises: bool = ALL_SURPRISES_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Render a saved trace: the same picture as the run that made it."""
     try:
-        tree_opts = _tree_options(depth, module, phase, expand)
+        view = _view(depth, module, phase, expand, all_surprises)
         if format is not None and format not in FORMATS:
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
-        _output(_load_trace(trace_file), format, output, tree_opts)
+        _output(_load_trace(trace_file), format, output, view)
     except UsageError as exc:
         _fail(exc, traceback)
 
 
-@app.command(cls=_Command)
+@app.command()
 def diff(
     a: Path = typer.Argument(..., metavar="A.json", help="The expected trace."),
     b: Path = typer.Argument(..., metavar="B.json", help="The trace to compare with it."),
@@ -490,26 +476,18 @@ def diff(
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Console-script entry point: click's own usage errors become one `error:` line too."""
-    try:  # newer typer vendors click
-        from typer._click import exceptions as click_exceptions
-    except ImportError:
-        from click import exceptions as click_exceptions
-    # click < 8.2 has no NoArgsIsHelpError: it prints the help for a bare `hooktrace` and exits 0 itself
-    no_args_is_help = getattr(click_exceptions, "NoArgsIsHelpError", ())
-
+    """Console-script entry point: every way out is an exit code and at most one `error:` line."""
+    args = list(sys.argv[1:] if argv is None else argv)
     command = typer.main.get_command(app)
     try:
-        code = command.main(args=argv, prog_name="hooktrace", standalone_mode=False)
-    except no_args_is_help as exc:  # bare `hooktrace`: the help, as --help gives it
-        print(exc.format_message())
-        return EXIT_OK
-    except click_exceptions.UsageError as exc:
-        hint = f"; see {exc.ctx.command_path} --help" if exc.ctx is not None else "; see hooktrace --help"
+        code = command.main(args=args or ["--help"], prog_name="hooktrace", standalone_mode=False)
+    except typer.TyperException as exc:  # click's own errors: unknown option, missing argument, ...
+        ctx = getattr(exc, "ctx", None)
+        hint = f"; see {ctx.command_path} --help" if ctx is not None else "; see hooktrace --help"
         message = " ".join(exc.format_message().split()).rstrip(".")
         _stderr(f"error: {message}{hint}")
-        return EXIT_USAGE
-    except click_exceptions.Abort:
+        return EXIT_USAGE if getattr(exc, "exit_code", EXIT_USAGE) == EXIT_USAGE else EXIT_DIFFERENT
+    except typer.Abort:
         _stderr("error: aborted")
         return EXIT_DIFFERENT
     except BrokenPipeError:  # `hooktrace run ... | head`: the reader left; not an error of ours
@@ -518,6 +496,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         _stderr("error: interrupted")
         return 130
+    except SystemExit as exc:  # something called sys.exit() outside a run
+        return exc.code if isinstance(exc.code, int) else EXIT_DIFFERENT
+    except BaseException as exc:  # a bug of ours, or of a library outside the model: one clean message
+        if "--traceback" in args:
+            _traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        where = "" if "--traceback" in args else " (--traceback shows where)"
+        text = " ".join(str(exc).split())[:300]
+        _stderr(f"error: hooktrace stopped on {type(exc).__name__}: {text}{where}")
+        return EXIT_DIFFERENT
     return code if isinstance(code, int) else EXIT_OK
 
 

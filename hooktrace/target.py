@@ -1,44 +1,26 @@
-"""TARGET string -> (model, inputs, loss): loading factories, coercing what they return (SPEC §2).
+"""TARGET string -> factory: import the file or module, find NAME in it (SPEC §2).
 
-torch is imported inside the functions that need it, so `hooktrace --help` stays instant.
+What the factory returns is turned into a runnable model by `hooktrace.inputs`. torch is not
+imported here, so a missing file or name is reported before torch loads.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import difflib
 import importlib
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from .options import UsageError
+
+__all__ = ["DEFAULT_NAME", "Factory", "UsageError", "load_factory", "split_spec"]
 
 DEFAULT_NAME = "make"
-RETURN_FORMS = "an nn.Module, (module, inputs) or hooktrace.Target(model, inputs=..., loss=...)"
-INPUT_HINT = "return (model, inputs) from the factory, or pass --input SHAPE (e.g. --input 8x3x32x32)"
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
-
-
-class UsageError(Exception):
-    """Bad usage or input (exit code 2): the message says what to do."""
-
-
-@dataclass
-class Inputs:
-    """Positional and keyword inputs for one forward call: `model(*args, **kwargs)`."""
-
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-
-
-@dataclass
-class Target:
-    """What a factory may return: the model, optional inputs, optional `loss(output) -> scalar`."""
-
-    model: Any
-    inputs: Any = None
-    loss: Optional[Callable[[Any], Any]] = None
+TRACEBACK_HINT = " (--traceback shows where)"
 
 
 # -- TARGET string -> factory -----------------------------------------------------------------
@@ -54,8 +36,12 @@ class Factory:
     path_entry: Optional[str] = None
 
     def __call__(self) -> Any:
-        with _first_on_sys_path(self.path_entry):
+        with self.on_sys_path():
             return self.func()
+
+    def on_sys_path(self) -> contextlib.AbstractContextManager[None]:
+        """The target's folder first on `sys.path` (for a whole run, as `python FILE.py` keeps it)."""
+        return _first_on_sys_path(self.path_entry)
 
 
 @contextlib.contextmanager
@@ -101,7 +87,7 @@ def _module_name_for(path: str) -> str:
 def _import_file(path: str) -> Any:
     path = os.path.abspath(path)
     if not os.path.exists(path):
-        raise UsageError(f"file not found: {path}; give the path to a .py file, e.g. samples/quickstart.py")
+        raise UsageError(f"file not found: {path}{_close_files(path)}; give the path to a .py file")
     if os.path.isdir(path):
         raise UsageError(f"{path} is a folder; give a .py file, e.g. {os.path.join(path, 'model.py')}:make")
     name = _module_name_for(path)
@@ -118,10 +104,68 @@ def _import_file(path: str) -> Any:
         raise UsageError(f"{path} has a syntax error at line {exc.lineno}: {exc.msg}; fix the file") from exc
     except Exception as exc:
         sys.modules.pop(name, None)
+        hint = _sibling_hint(exc, path, file_form=True) or "fix the import" + TRACEBACK_HINT
+        raise UsageError(f"importing {path} raised {type(exc).__name__}: {exc}; {hint}") from exc
+    except SystemExit as exc:
+        sys.modules.pop(name, None)
         raise UsageError(
-            f"importing {path} raised {type(exc).__name__}: {exc}; fix the import (--traceback shows where)"
+            f"importing {path} called sys.exit({exc.code!r}); keep the script's main code under "
+            "if __name__ == '__main__':"
         ) from exc
     return module
+
+
+def _close_files(path: str) -> str:
+    """ "; did you mean x.py?" for a missing file whose name is close to one in its folder."""
+    folder, name = os.path.split(path)
+    try:
+        here = [n for n in os.listdir(folder) if n.endswith(".py") or os.path.isdir(os.path.join(folder, n))]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, here, n=3, cutoff=0.6)
+    if not close:
+        return ""
+    shown = [os.path.relpath(os.path.join(folder, n)) if os.path.isabs(path) else n for n in close]
+    return f" (did you mean {' or '.join(shown)}?)"
+
+
+def _sibling_hint(exc: BaseException, target_file: Optional[str], *, file_form: bool) -> Optional[str]:
+    """When the module an import could not find is a file beside the target, say why it was not used."""
+    if not isinstance(exc, ImportError) or not exc.name or target_file is None:
+        return None
+    missing = exc.name.split(".")[0]
+    folder = os.path.dirname(os.path.abspath(target_file))
+    sibling = next(
+        (
+            p
+            for p in (os.path.join(folder, missing + ".py"), os.path.join(folder, missing))
+            if os.path.exists(p)
+        ),
+        None,
+    )
+    if sibling is None:
+        return None
+    shown = os.path.relpath(sibling)
+    loaded = sys.modules.get(missing)
+    origin = getattr(loaded, "__file__", None) or exc.path
+    if (
+        origin
+        and os.path.abspath(origin) != os.path.abspath(sibling)
+        and not isinstance(exc, ModuleNotFoundError)
+    ):
+        return (
+            f"{shown} is beside the target, but the {missing!r} Python found is {origin}, which shadows it; "
+            f"rename {shown} or the other one"
+        )
+    if not file_form and isinstance(exc, ModuleNotFoundError) and exc.name == missing:
+        return (
+            f"{shown} is beside the target, but a package.module target does not put its folder on sys.path; "
+            f"import it relatively (from . import {missing}) or give the file: "
+            f"hooktrace run {os.path.relpath(target_file)}:NAME"
+        )
+    if isinstance(exc, ModuleNotFoundError) and exc.name != missing and os.path.isfile(sibling):
+        return f"{shown} is beside the target: a file, not a package, so {exc.name!r} is not in it"
+    return None
 
 
 def _import_module(dotted: str) -> Any:
@@ -136,26 +180,56 @@ def _import_module(dotted: str) -> Any:
                     f"no module named {exc.name!r}; give FILE.py:NAME or an importable package.module:NAME "
                     "(run from the folder that holds the package)"
                 ) from exc
-            raise UsageError(
-                f"importing {dotted} raised ModuleNotFoundError: {exc}; install the missing package"
-            ) from exc
+            hint = _sibling_hint(exc, _module_file(dotted), file_form=False) or "install the missing package"
+            raise UsageError(f"importing {dotted} raised ModuleNotFoundError: {exc}; {hint}") from exc
         except Exception as exc:
-            raise UsageError(
-                f"importing {dotted} raised {type(exc).__name__}: {exc}; "
-                "fix the import (--traceback shows where)"
-            ) from exc
+            hint = (
+                _sibling_hint(exc, _module_file(dotted), file_form=False) or "fix the import" + TRACEBACK_HINT
+            )
+            raise UsageError(f"importing {dotted} raised {type(exc).__name__}: {exc}; {hint}") from exc
+        except SystemExit as exc:
+            raise UsageError(f"importing {dotted} called sys.exit({exc.code!r}); fix the module") from exc
 
 
-def _candidates(module: Any) -> str:
-    names = sorted(
-        n
-        for n, v in vars(module).items()
-        if not n.startswith("_")
-        and callable(v)
-        and getattr(v, "__module__", None) == module.__name__
-        and not isinstance(v, type)
-    )
-    return ", ".join(names[:8]) if names else "none"
+def _module_file(dotted: str) -> Optional[str]:
+    """The file `dotted` would be imported from, without running it (its packages are imported)."""
+    try:
+        spec = importlib.util.find_spec(dotted)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def _public(obj: Any, *, functions_only: bool = False) -> list[str]:
+    names = []
+    for n in dir(obj):
+        if n.startswith("_"):
+            continue
+        try:
+            v = getattr(obj, n)
+        except Exception:  # noqa: BLE001  (a property that raises is just not listed)
+            continue
+        if not callable(v):
+            continue
+        if functions_only and (isinstance(v, type) or getattr(v, "__module__", None) != obj.__name__):
+            continue
+        names.append(n)
+    return sorted(names)
+
+
+def _missing_name(owner: str, obj: Any, part: str, is_module: bool) -> UsageError:
+    """`owner has no attribute 'x'`, with close names, or the callables that are there."""
+    everything = [n for n in dir(obj) if not n.startswith("_")]
+    close = difflib.get_close_matches(part, everything, n=3, cutoff=0.6)
+    if close:
+        hint = f"did you mean {' or '.join(repr(n) for n in close)}?"
+    elif is_module:
+        names = _public(obj, functions_only=True)
+        hint = f"functions defined there: {', '.join(names[:8]) if names else 'none'}"
+    else:
+        names = _public(obj)
+        hint = f"its callable attributes: {', '.join(names[:12]) if names else 'none'}"
+    return UsageError(f"{owner} has no attribute {part!r} ({hint}); give an existing NAME after ':'")
 
 
 def load_factory(spec: str) -> Factory:
@@ -165,21 +239,20 @@ def load_factory(spec: str) -> Factory:
     if _is_file_spec(where):
         module = _import_file(where)
         path_entry = os.path.dirname(os.path.abspath(where))
-        origin = where
     else:
         module = _import_module(where)
-        origin = where
+    origin = where
     obj: Any = module
-    for i, part in enumerate(name.split(".")):
+    parts = name.split(".")
+    for i, part in enumerate(parts):
         if not hasattr(obj, part):
-            owner = origin if i == 0 else ".".join(name.split(".")[:i])
-            hint = f" (functions defined there: {_candidates(module)})" if i == 0 else ""
-            raise UsageError(f"{owner} has no attribute {part!r}{hint}; give an existing NAME after ':'")
+            owner = origin if i == 0 else ".".join(parts[:i])
+            raise _missing_name(owner, obj, part, is_module=i == 0)
         obj = getattr(obj, part)
     if _is_module_instance(obj):
         raise UsageError(
             f"{origin}:{name} is a model instance, not a factory; wrap it in a function, "
-            f"e.g. def make(): return {name.split('.')[-1]}"
+            f"e.g. def make(): return {parts[-1]}"
         )
     if not callable(obj):
         raise UsageError(f"{origin}:{name} is a {type(obj).__name__}, not callable; give a factory function")
@@ -189,242 +262,3 @@ def load_factory(spec: str) -> Factory:
 def _is_module_instance(obj: Any) -> bool:
     nn = sys.modules.get("torch.nn")
     return nn is not None and isinstance(obj, nn.Module)
-
-
-# -- factory result -> model, inputs, loss ----------------------------------------------------
-
-
-def coerce_result(result: Any, label: str = "the factory") -> Target:
-    """Any return form of SPEC §2 -> Target(model, Inputs | None, loss)."""
-    from torch import nn
-
-    if isinstance(result, Target):
-        target = Target(result.model, result.inputs, result.loss)
-    elif isinstance(result, nn.Module):
-        target = Target(result)
-    elif isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module):
-        target = Target(result[0], result[1])
-    else:
-        raise UsageError(f"{label} returned {_describe(result)}; return {RETURN_FORMS}")
-    if not isinstance(target.model, nn.Module):
-        got = _describe(target.model)
-        raise UsageError(f"{label} returned a Target whose model is {got}; give an nn.Module")
-    if target.loss is not None and not callable(target.loss):
-        raise UsageError(f"{label} returned a Target whose loss is not callable; give loss=lambda out: ...")
-    target.inputs = coerce_inputs(target.inputs)
-    return target
-
-
-def coerce_inputs(inputs: Any) -> Optional[Inputs]:
-    """tensor -> one positional; tuple/list -> positional; dict -> keywords; Inputs as is."""
-    if inputs is None:
-        return None
-    if isinstance(inputs, Inputs):
-        return Inputs(tuple(inputs.args), dict(inputs.kwargs))
-    if isinstance(inputs, tuple) and hasattr(inputs, "_fields"):  # a namedtuple is one input
-        return Inputs((inputs,))
-    if isinstance(inputs, (tuple, list)):
-        return Inputs(tuple(inputs))
-    if isinstance(inputs, dict):
-        if not all(isinstance(k, str) for k in inputs):
-            raise UsageError("keyword inputs must have str keys; use Inputs(args, kwargs) for anything else")
-        return Inputs((), dict(inputs))
-    return Inputs((inputs,))  # a tensor, or any other single object
-
-
-def _describe(obj: Any) -> str:
-    if obj is None:
-        return "None"
-    if isinstance(obj, (tuple, list)):
-        inner = ", ".join(type(x).__name__ for x in obj[:4])
-        return f"a {type(obj).__name__} of {len(obj)} ({inner})"
-    return f"a {type(obj).__module__}.{type(obj).__qualname__}"
-
-
-# -- --input shapes, --dtype, --device --------------------------------------------------------
-
-
-def parse_shape(text: str) -> tuple[int, ...]:
-    """`"8x3x32x32"` -> (8, 3, 32, 32); also accepts `,` between sizes."""
-    parts = [p.strip() for p in text.lower().replace(",", "x").replace("×", "x").split("x")]
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        shape = ()
-    if not shape or any(s <= 0 for s in shape):
-        raise UsageError(f"bad --input {text!r}: give positive sizes joined by 'x', e.g. --input 8x3x32x32")
-    return shape
-
-
-def torch_dtype(name: str) -> Any:
-    import torch
-
-    key = name.strip().lower().removeprefix("torch.")
-    aliases = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32"}
-    key = aliases.get(key, key)
-    if key not in DTYPES:
-        raise UsageError(f"unknown --dtype {name!r}; use one of {', '.join(DTYPES)}")
-    return getattr(torch, key)
-
-
-def make_inputs(shapes: Sequence[str], dtype: Any = None, seed: int = 0) -> Inputs:
-    """Seeded random tensors, one positional input per `--input` shape (CPU; moved later)."""
-    import torch
-
-    dtype = dtype if dtype is not None else torch.float32
-    gen = torch.Generator().manual_seed(seed)
-    args = []
-    for text in shapes:
-        shape = parse_shape(text)
-        if dtype.is_floating_point:
-            args.append(torch.randn(shape, generator=gen).to(dtype))
-        else:  # small non-negative ints: valid indices for any embedding
-            args.append(torch.randint(0, 2, shape, generator=gen).to(dtype))
-    return Inputs(tuple(args))
-
-
-def resolve_device(device: Optional[str]) -> Optional[Any]:
-    """`--device` -> torch.device, or None when not given. CUDA asked for but absent -> UsageError."""
-    if device is None:
-        return None
-    import torch
-
-    name = device.strip().lower()
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown --device {device!r}; use cpu, cuda, cuda:N or auto") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "a CPU-only build of torch" if torch.version.cuda is None else "no CUDA device visible"
-            raise UsageError(f"--device {device}: CUDA is not available ({build}); use --device cpu or auto")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            count = torch.cuda.device_count()
-            raise UsageError(f"--device {device}: only {count} CUDA device(s) here; pick another index")
-    elif dev.type != "cpu":
-        raise UsageError(f"unsupported --device {device!r}; use cpu, cuda, cuda:N or auto")
-    return dev
-
-
-def model_device(model: Any) -> Any:
-    """The device of the model's first parameter or buffer; CPU for a model without any."""
-    import torch
-
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return torch.device("cpu")
-
-
-def model_dtype(model: Any) -> Any:
-    """The dtype of the model's first floating-point parameter; float32 otherwise."""
-    import torch
-
-    for t in model.parameters():
-        if t.is_floating_point():
-            return t.dtype
-    return torch.float32
-
-
-def to_device(obj: Any, device: Any) -> Any:
-    """Move every tensor in nested tuples/lists/dicts to `device` (others unchanged)."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.device == device else obj.to(device)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(to_device(x, device) for x in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(to_device(x, device) for x in obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, to_device(v, device)) for k, v in obj.items())
-    return obj
-
-
-@dataclass
-class Prepared:
-    """A model ready to run: `model(*inputs.args, **inputs.kwargs)`, with its loss and device."""
-
-    model: Any
-    inputs: Inputs
-    loss: Optional[Callable[[Any], Any]]
-    device: Any
-
-
-def prepare(
-    target: Target,
-    *,
-    input_shapes: Sequence[str] = (),
-    dtype: Optional[str] = None,
-    device: Optional[str] = None,
-) -> Prepared:
-    """Apply `--input`, `--dtype` and `--device` to a coerced Target. Raises UsageError."""
-    dev = resolve_device(device)
-    model = target.model
-    if dev is not None:
-        model = model.to(dev) or model  # nn.Module.to returns self; tolerate overrides returning None
-    if input_shapes:  # explicit shapes win over inputs the factory gave
-        tdtype = torch_dtype(dtype) if dtype else model_dtype(model)
-        inputs = make_inputs(input_shapes, tdtype)
-    elif target.inputs is not None:
-        if dtype:
-            torch_dtype(dtype)  # still reject a bad --dtype
-        inputs = target.inputs
-    else:
-        raise UsageError(f"no inputs: {INPUT_HINT}")
-    run_device = dev if dev is not None else model_device(model)
-    inputs = Inputs(to_device(tuple(inputs.args), run_device), to_device(dict(inputs.kwargs), run_device))
-    return Prepared(model=model, inputs=inputs, loss=target.loss, device=run_device)
-
-
-# -- loss ----------------------------------------------------------------------------------------
-
-
-def floating_tensors(obj: Any, _seen: Optional[set[int]] = None) -> list[Any]:
-    """Every floating-point tensor in nested tuples/lists/dicts/dataclasses, in order."""
-    import torch
-
-    seen = _seen if _seen is not None else set()
-    if id(obj) in seen:
-        return []
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.is_floating_point() else []
-    found: list[Any] = []
-    if isinstance(obj, (tuple, list, dict)) or dataclasses.is_dataclass(obj):
-        seen.add(id(obj))
-    if isinstance(obj, dict):
-        for v in obj.values():
-            found += floating_tensors(v, seen)
-    elif isinstance(obj, (tuple, list)):
-        for v in obj:
-            found += floating_tensors(v, seen)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            found += floating_tensors(getattr(obj, f.name, None), seen)
-    return found
-
-
-def default_loss(output: Any) -> Optional[Any]:
-    """Sum of every floating-point tensor in the output that requires grad; None when none does."""
-    tensors = [t for t in floating_tensors(output) if t.requires_grad]
-    if not tensors:
-        return None
-    total = tensors[0].sum()
-    for t in tensors[1:]:
-        total = total + t.sum().to(total.device)
-    return total
-
-
-def compute_loss(output: Any, loss: Optional[Callable[[Any], Any]] = None) -> Optional[Any]:
-    """The scalar to call `.backward()` on, or None when nothing requires grad."""
-    import torch
-
-    if loss is None:
-        return default_loss(output)
-    value = loss(output)
-    if not isinstance(value, torch.Tensor) or not value.requires_grad:
-        return None
-    return value if value.numel() == 1 else value.sum()

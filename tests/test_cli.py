@@ -490,77 +490,64 @@ def test_hooks_shows_library_hooks_with_their_call_sites() -> None:
 # -- start-up cost and entry points ---------------------------------------------------------------
 
 
-def test_help_render_and_diff_do_not_import_torch(tmp_path: Path) -> None:
-    small_trace().save(tmp_path / "t.json")
-    code = textwrap.dedent(
-        f"""
-        import sys
-        from hooktrace.cli import main
-        codes = [
-            main(["--help"]),
-            main(["render", {str(tmp_path / "t.json")!r}, "-f", "json", "-o", {str(tmp_path / "o.json")!r}]),
-            main(["render", {str(tmp_path / "t.json")!r}]),
-            main(["diff", {str(tmp_path / "t.json")!r}, {str(tmp_path / "t.json")!r}]),
-        ]
-        print("CODES", codes, "TORCH", "torch" in sys.modules)
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    assert "CODES [0, 0, 0, 0] TORCH False" in proc.stdout
-
-
 _IMPORTED = """
 import sys
 from hooktrace.cli import main
 code = main(sys.argv[1:])
-print("EXIT", code, "TORCH", "torch" in sys.modules, "PYDANTIC", "pydantic" in sys.modules)
+print("EXIT", code, "TORCH", "torch" in sys.modules)
 """
 
 
-def test_render_and_diff_import_neither_torch_nor_pydantic(tmp_path: Path) -> None:
-    """Issue 5: start-up. typer >= 0.29 converts values with pydantic (~0.1 s to import); cli.py does not."""
+def test_render_and_diff_do_not_import_torch_whatever_their_options(tmp_path: Path) -> None:
     trace = tmp_path / "t.json"
     small_trace().save(trace)
     command_lines = [
         ["render", str(trace)],
         ["render", str(trace), "-f", "json", "-o", str(tmp_path / "o.json"), "--depth", "2",
-         "--module", "", "--phase", "forward", "--expand"],
+         "--module", "<root>", "--phase", "forward", "--expand"],
         ["diff", str(trace), str(trace)],
+        ["-h"],
+        ["--version"],
     ]  # fmt: skip
     for args in command_lines:  # one process each, so no command hides what another imports
         proc = subprocess.run([sys.executable, "-c", _IMPORTED, *args], **RUN_OPTS, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr
-        assert "EXIT 0 TORCH False PYDANTIC False" in proc.stdout, (args, proc.stdout, proc.stderr)
+        assert "EXIT 0 TORCH False" in proc.stdout, (args, proc.stdout, proc.stderr)
 
 
-def test_values_are_converted_as_typer_converts_them(tmp_path: Path) -> None:
-    """cli.py converts plain values itself (no pydantic); result and error must equal typer's own."""
-    typer_coercion = pytest.importorskip("typer._coercion", reason="typer without its own coercion")
-    import typer.main
+def test_a_missing_target_file_is_reported_before_torch_is_imported(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORTED, "run", str(tmp_path / "nothere.py")], **RUN_OPTS, cwd=ROOT
+    )
+    assert "EXIT 2 TORCH False" in proc.stdout, proc.stdout
+    assert proc.stderr.startswith("error: file not found:")
 
-    (tmp_path / "dir").mkdir()
-    values = ["5", "007", "+5", " 5 ", "5_0", "1.0", "-1", "0", "1e3", "٣", "x", "", ".5", "5.", ".",
-              "inf", "nan", "a.json", str(tmp_path / "dir"), "\x00x", "~/x", b"abc", None, (),
-              ("8x3", "2"), ["1"], "a", 3, "9" * 5000, "1" * 400]  # fmt: skip
 
-    def outcome(convert: object, value: object, param: object, ctx: object) -> tuple:
-        try:
-            result = convert.coerce(value, param=param, ctx=ctx)  # type: ignore[attr-defined]
-        except Exception as exc:  # noqa: BLE001  (the error is the outcome to compare)
-            return ("error", type(exc), getattr(exc, "format_message", exc.__str__)())
-        return ("value", type(result), repr(result))
+def test_only_public_modules_of_dependencies_are_imported() -> None:
+    """Issue 15 item 5: no `typer._click`, `typer._coercion`, ... anywhere in hooktrace."""
+    import ast
 
-    group = typer.main.get_command(app)
-    for name, command in group.commands.items():  # type: ignore[attr-defined]
-        ctx = command.make_context(name, [], resilient_parsing=True)
-        for param in command.get_params(ctx):
-            theirs = typer_coercion.build_runtime_param(param.type_descriptor)
-            ours = param.get_runtime_param()
-            assert not isinstance(ours, typer_coercion.RuntimeParam)
-            for value in values:
-                expected = outcome(theirs, value, param, ctx)
-                assert outcome(ours, value, param, ctx) == expected, (name, param.name, value)
+    for path in sorted((ROOT / "hooktrace").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if node.value.id in ("typer", "click", "rich", "graphviz", "orjson"):
+                    names = [f"{node.value.id}.{node.attr}"]
+            for name in names:
+                private = [p for p in name.split(".")[1:] if p.startswith("_") and not p.startswith("__")]
+                if name.split(".")[0] in ("typer", "click", "rich", "graphviz", "orjson"):
+                    assert not private, f"{path.relative_to(ROOT)}: {name}"
+
+
+def test_version_and_short_help() -> None:
+    code, out, _ = invoke("--version")
+    assert code == 0 and out.strip() == f"hooktrace {hooktrace.__version__}"
+    code, out, _ = invoke("run", "-h")
+    assert code == 0 and "--optimizer" in out and "--all-surprises" in out
 
 
 def test_python_dash_m_and_the_script_agree() -> None:

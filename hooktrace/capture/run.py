@@ -1,4 +1,5 @@
-"""Drive a run: call the factory inside the capture, then forward (+ loss + backward) for N steps.
+"""Drive a run: call the factory inside the capture, then forward, backward and the optimizer step
+for N steps; stop cleanly on SIGINT / SIGTERM.
 
 Also the hook inventory for `hooktrace hooks`: the factory is called inside a capture, nothing runs.
 """
@@ -6,32 +7,68 @@ Also the hook inventory for `hooktrace hooks`: the factory is called inside a ca
 from __future__ import annotations
 
 import re
+import signal
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
+from ..inputs import Prepared, coerce_result, compute_loss, prepare, resolve_device
+from ..options import RunOptions, UsageError
 from ..schema import Event, Hook, Trace, is_internal_error
-from ..target import (
-    Factory,
-    Prepared,
-    UsageError,
-    coerce_result,
-    compute_loss,
-    parse_shape,
-    prepare,
-    resolve_device,
-    torch_dtype,
-)
+from ..target import Factory
 from .dicts import live_hook_ids
+from .session import TraceSession
 
 
 @dataclass
 class RunResult:
-    """What a run gives back: the (possibly partial) trace, an error message if it raised, and notes."""
+    """What a run gives back: the (possibly partial) trace, an error message if it raised, and notes.
+
+    `stopped_by`: the signal (SIGINT, SIGTERM) that ended the run early, if one did."""
 
     trace: Trace
     error: Optional[str] = None
     exception: Optional[BaseException] = None
     notes: list[str] = field(default_factory=list)
+    stopped_by: Optional[signal.Signals] = None
+
+
+class Stopped(BaseException):
+    """Raised in the run by SIGINT / SIGTERM: like KeyboardInterrupt, not an error of the model."""
+
+    def __init__(self, signum: int) -> None:
+        self.signal = signal.Signals(signum)
+        super().__init__(f"{self.signal.name} (the run was stopped)")
+
+
+class _StopSignals:
+    """SIGINT and SIGTERM raise `Stopped` while `armed` (the factory and the steps run); otherwise,
+    e.g. while the capture restores the hook dicts, they are only remembered in `pending`."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.armed = False
+        self.pending: Optional[int] = None
+        self._saved: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.armed:
+            self.armed = False
+            raise Stopped(signum)
+        if self.pending is None:
+            self.pending = signum
+
+    def __enter__(self) -> _StopSignals:
+        if self.enabled:
+            for sig in self.SIGNALS:
+                self._saved[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, previous in self._saved.items():
+            signal.signal(sig, previous)
 
 
 def _call_factory(factory: Factory) -> Any:
@@ -44,87 +81,121 @@ def _call_factory(factory: Factory) -> Any:
             f"the factory {factory.label} raised {type(exc).__name__}: {exc}; "
             "fix it (--traceback shows where)"
         ) from exc
+    except SystemExit as exc:
+        raise UsageError(
+            f"the factory {factory.label} called sys.exit({exc.code!r}); return the model instead"
+        ) from exc
+
+
+@dataclass
+class _Progress:
+    """Where the steps are: which step, and which part of it (forward, loss, backward, optimizer)."""
+
+    step: int = 0
+    stage: str = "setup"
 
 
 def run(
     factory: Factory,
+    options: RunOptions = RunOptions(),
     *,
-    steps: int = 1,
-    backward: bool = True,
-    input_shapes: Sequence[str] = (),
-    dtype: Optional[str] = None,
-    device: Optional[str] = None,
+    stop_signals: bool = False,
     on_step: Optional[Callable[[int], None]] = None,
 ) -> RunResult:
     """Load, run and trace. UsageError for bad input; an exception from the model is caught and reported.
 
     `on_step(step)` is called as each step starts (`run --nproc` reports the ranks' progress with it).
-    """
-    import hooktrace
 
-    if steps < 1:
-        raise UsageError(f"--steps {steps}: give at least 1")
-    # bad options fail before the factory runs (it may be slow: process groups, big models)
-    resolve_device(device)
-    for shape in input_shapes:
-        parse_shape(shape)
-    if dtype is not None:
-        torch_dtype(dtype)
+    stop_signals: SIGINT/SIGTERM (main thread only) stop the run; the partial trace is returned with
+    `stopped_by` set. The rank worker, which handles signals itself, leaves this off."""
+    options.check()
+    resolve_device(options.device)  # CUDA absent: say so before the (maybe slow) factory runs
     notes: list[str] = []
     exception: Optional[BaseException] = None
-    with hooktrace.trace(target=factory.spec) as t:
-        target = coerce_result(_call_factory(factory), factory.label)
-        t.attach(target.model)
-        prepared = prepare(target, input_shapes=input_shapes, dtype=dtype, device=device)
-        t.set_meta(device=str(prepared.device), target=factory.spec, steps=steps)
-        try:
-            for step in range(steps):
-                if step:
-                    t.mark_step()
-                if on_step is not None:
-                    on_step(step)
-                _step(prepared, backward, notes)
-        except Exception as exc:  # the model or a hook raised: keep the partial trace
-            exception = exc
+    stopped: Optional[int] = None
+    progress = _Progress()
+    with factory.on_sys_path(), _StopSignals(stop_signals) as signals:
+        with TraceSession(target=factory.spec) as t:
+            signals.armed = True
+            try:
+                target = coerce_result(_call_factory(factory), factory.label)
+                t.attach(target.model)
+                prepared = prepare(target, options)
+                notes += prepared.notes
+                t.set_meta(device=str(prepared.device), target=factory.spec, steps=options.steps)
+                for step in range(options.steps):
+                    if step:
+                        t.mark_step()
+                    progress.step = step
+                    if on_step is not None:
+                        on_step(step)
+                    _step(prepared, options.backward, notes, progress)
+            except Stopped as exc:
+                stopped = exc.signal
+            except UsageError:
+                raise
+            except (Exception, SystemExit) as exc:  # the model or a hook raised: keep the partial trace
+                exception = exc
+            finally:
+                signals.armed = False
+        stopped = stopped or signals.pending
     trace = t.trace
-    if not backward:
+    if not options.backward:
         notes.append("backward skipped (--no-backward)")
     error = describe_error(trace, exception) if exception is not None else None
-    if exception is not None and input_shapes and _rejects_inputs(trace, exception):
-        shapes = " ".join([f"--input {s}" for s in input_shapes] + ([f"--dtype {dtype}"] if dtype else []))
-        raise UsageError(
-            f"the model rejected {shapes}: {error}; give shapes (and --dtype) it accepts"
-        ) from exception
-    return RunResult(trace=trace, error=error, exception=exception, notes=notes)
-
-
-_INPUT_WORDS = (
-    "shape",
-    "size",
-    "dimension",
-    "dtype",
-    "mat1",
-    "must match",
-    "expected input",
-    "expected scalar",
-)
-
-
-def _rejects_inputs(trace: Trace, exception: BaseException) -> bool:
-    """The generated inputs did not fit: a shape/dtype error from a module (not a hook) in step 0's forward."""
-    event = failing_event(trace, exception)
-    if event is None or event.type != "exit" or event.step != 0 or event.phase != "forward":
-        return False
-    text = str(exception).lower()
-    return isinstance(exception, (RuntimeError, ValueError, TypeError, IndexError)) and any(
-        word in text for word in _INPUT_WORDS
+    if exception is not None and prepared_inputs_rejected(trace, exception, progress, options):
+        raise UsageError(_rejected_message(trace, exception, error or "", options, prepared)) from exception
+    return RunResult(
+        trace=trace,
+        error=error,
+        exception=exception,
+        notes=notes,
+        stopped_by=signal.Signals(stopped) if stopped is not None else None,
     )
 
 
-def _step(prepared: Prepared, backward: bool, notes: list[str]) -> None:
+def prepared_inputs_rejected(
+    trace: Trace, exception: BaseException, progress: _Progress, options: RunOptions
+) -> bool:
+    """The generated `--input` tensors did not fit: the exception came out of the model's own code
+    (not a hook) during the first forward call. Decided by where it was raised, not by its words."""
+    if not options.input_shapes or progress.step != 0 or progress.stage != "forward":
+        return False
+    if not isinstance(exception, Exception):
+        return False
+    event = failing_event(trace, exception)
+    return event is None or event.type != "hook"
+
+
+def _rejected_message(
+    trace: Trace, exception: BaseException, error: str, options: RunOptions, prepared: Prepared
+) -> str:
+    given = " ".join(
+        [f"--input {s}" for s in options.input_shapes]
+        + ([f"--dtype {options.dtype}"] if options.dtype else [])
+    )
+    event = failing_event(trace, exception)
+    kind = next((m.type for m in trace.modules if event is not None and m.path == event.module), "")
+    floating = all(getattr(a, "is_floating_point", lambda: True)() for a in prepared.inputs.args)
+    if floating and kind in ("Embedding", "EmbeddingBag"):
+        hint = f"{kind} takes indices: add --dtype int64"
+    elif not floating and any(p.is_floating_point() for p in prepared.model.parameters()):
+        hint = "give a floating --dtype (e.g. --dtype float32) unless it takes indices, or another shape"
+    elif floating and any(not p.is_floating_point() for p in prepared.model.parameters()):
+        hint = "give the shape it expects, or --dtype int64 if it takes indices"
+    else:
+        hint = "give the shape it expects (or --dtype int64 if it takes indices)"
+    return f"the model rejected {given}: {error}; {hint}"
+
+
+def _step(prepared: Prepared, backward: bool, notes: list[str], progress: _Progress) -> None:
+    progress.stage = "forward"
     output = prepared.model(*prepared.inputs.args, **prepared.inputs.kwargs)
     if not backward:
+        if prepared.optimizer is not None and "optimizer step skipped (--no-backward)" not in notes:
+            notes.append("optimizer step skipped (--no-backward)")
         return
+    progress.stage = "loss"
     loss = compute_loss(output, prepared.loss)
     if loss is None:
         note = "backward skipped: nothing in the output requires grad"
@@ -133,7 +204,12 @@ def _step(prepared: Prepared, backward: bool, notes: list[str]) -> None:
         if note not in notes:
             notes.append(note)
         return
+    progress.stage = "backward"
     loss.backward()
+    if prepared.optimizer is not None:
+        progress.stage = "optimizer"
+        prepared.optimizer.step()
+        prepared.optimizer.zero_grad()
 
 
 # -- naming the failure -----------------------------------------------------------------------------
@@ -207,9 +283,7 @@ class Inventory:
 
 def inventory(factory: Factory) -> Inventory:
     """Call the factory inside a capture, without running the model; the trace holds every hook."""
-    import hooktrace
-
-    with hooktrace.trace(target=factory.spec) as t:
+    with TraceSession(target=factory.spec) as t:
         target = coerce_result(_call_factory(factory), factory.label)
         t.attach(target.model)
         t.set_meta(target=factory.spec, steps=0)

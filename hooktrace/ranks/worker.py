@@ -156,13 +156,14 @@ def _rank(job: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     from ..capture.run import run
+    from ..options import RunOptions
     from ..target import load_factory
 
     reports.progress("running")
-    options = dict(job["options"], device=device)
+    options = RunOptions(**dict(job["options"], device=device))
     try:
         with _factory_may_init(dist):
-            result = run(load_factory(job["target"]), on_step=reports.step, **options)
+            result = run(load_factory(job["target"]), options, on_step=reports.step)
     except UsageError as exc:
         stop = _termination(exc)
         if stop is not None:  # not the factory's fault: say what happened

@@ -1,0 +1,167 @@
+"""Run options, declared once: the `run` command's flags and the rank workers' argv come from here.
+
+`RunOptions` holds every option of one run (one process, or each rank of `--nproc`). `check()`
+validates them without importing torch, so a bad value fails before the (slow) factory runs.
+`to_argv()` / `parse_argv()` carry them to a rank worker and back; `cli_option(name)` gives the
+typer declaration of a flag, so `hooktrace run` shows the same names and help as the worker parses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32"}
+OPTIMIZERS = ("sgd", "adam", "adamw")
+_DEVICE = re.compile(r"(cpu|auto|cuda(:\d+)?)")
+
+
+class UsageError(Exception):
+    """Bad usage or input (exit code 2): the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one RunOptions field is spelled on the command line."""
+
+    names: tuple[str, ...]  # "--input", "-i"
+    help: str
+    metavar: Optional[str] = None
+
+
+FLAGS: dict[str, Flag] = {
+    "input_shapes": Flag(
+        ("--input", "-i"), "Input shape like 8x3x32x32, once per positional argument.", "SHAPE"
+    ),
+    "dtype": Flag(("--dtype",), "dtype of --input tensors (default: the model's).", "DTYPE"),
+    "device": Flag(
+        ("--device",),
+        "Move model and inputs there (auto: CUDA if any); default: inputs follow the model.",
+        "cpu|cuda|auto",
+    ),
+    "backward": Flag(("--no-backward",), "Run forward only."),
+    "steps": Flag(("--steps",), "Iterations of forward, backward (and optimizer step).", "N"),
+    "optimizer": Flag(
+        ("--optimizer",),
+        "Each step also runs optimizer.step() and zero_grad(): sgd|adam|adamw over the model's "
+        "parameters, PyTorch's default settings (lr 0.001).",
+        "NAME",
+    ),
+    "timeout": Flag(
+        ("--timeout",),
+        "With --nproc: seconds a rank may outlive another rank, or go without progress, before it "
+        "is stopped and reported as hung (default 60; more than 0).",
+        "SECONDS",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Every option of one run. Defaults are the command line's defaults."""
+
+    input_shapes: tuple[str, ...] = ()
+    dtype: Optional[str] = None
+    device: Optional[str] = None
+    backward: bool = True
+    steps: int = 1
+    optimizer: Optional[str] = None
+    timeout: Optional[float] = None  # --nproc only; None: the launcher's default
+
+    def __post_init__(self) -> None:  # a list (from JSON) is kept as a tuple: options stay hashable
+        object.__setattr__(self, "input_shapes", tuple(self.input_shapes))
+
+    def check(self) -> RunOptions:
+        """Raise UsageError for a value no run could use; torch is not imported. Returns self."""
+        if self.steps < 1:
+            raise UsageError(f"--steps {self.steps}: give at least 1")
+        for text in self.input_shapes:
+            parse_shape(text)
+        if self.dtype is not None:
+            dtype_name(self.dtype)
+        if self.device is not None and not _DEVICE.fullmatch(self.device.strip().lower()):
+            raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
+        if self.optimizer is not None and self.optimizer.lower() not in OPTIMIZERS:
+            raise UsageError(f"unknown --optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise UsageError(f"--timeout {self.timeout}: give a number of seconds more than 0")
+        return self
+
+    def to_argv(self) -> list[str]:
+        """The options as command-line arguments (only those that differ from the defaults)."""
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value, flag = getattr(self, f.name), FLAGS[f.name].names[0]
+            if value == f.default:
+                continue
+            if f.name == "backward":
+                argv.append(flag)
+            elif f.name == "input_shapes":
+                for shape in value:
+                    argv += [flag, shape]
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Declare every option on an argparse parser (the rank worker's)."""
+        for f in dataclasses.fields(cls):
+            flag = FLAGS[f.name]
+            if f.name == "backward":
+                parser.add_argument(*flag.names, dest=f.name, action="store_false", help=flag.help)
+            elif f.name == "input_shapes":
+                parser.add_argument(*flag.names, dest=f.name, action="append", default=[], help=flag.help)
+            else:
+                kind = {"steps": int, "timeout": float}.get(f.name, str)
+                parser.add_argument(*flag.names, dest=f.name, type=kind, default=f.default, help=flag.help)
+
+    @classmethod
+    def from_namespace(cls, namespace: argparse.Namespace) -> RunOptions:
+        values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)}
+        values["input_shapes"] = tuple(values["input_shapes"])
+        return cls(**values)
+
+    @classmethod
+    def parse_argv(cls, argv: Sequence[str]) -> tuple[RunOptions, list[str]]:
+        """`to_argv()` read back; arguments that are not run options are returned untouched."""
+        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        cls.add_arguments(parser)
+        namespace, rest = parser.parse_known_args(list(argv))
+        return cls.from_namespace(namespace), rest
+
+
+def cli_option(name: str, default: Any = None, **typer_args: Any) -> Any:
+    """The typer declaration of a RunOptions flag (`--no-backward` is typer's bool flag)."""
+    import typer
+
+    flag = FLAGS[name]
+    return typer.Option(default, *flag.names, metavar=flag.metavar, help=flag.help, **typer_args)
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """`"8x3x32x32"` -> (8, 3, 32, 32); also accepts `,` between sizes."""
+    parts = [p.strip() for p in text.lower().replace(",", "x").replace("×", "x").split("x")]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if not shape or any(s <= 0 for s in shape):
+        raise UsageError(f"bad --input {text!r}: give positive sizes joined by 'x', e.g. --input 8x3x32x32")
+    return shape
+
+
+def dtype_name(text: str) -> str:
+    """`--dtype` value -> one of DTYPES (`torch.` prefix and the usual aliases accepted)."""
+    key = text.strip().lower().removeprefix("torch.")
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in DTYPES:
+        raise UsageError(f"unknown --dtype {text!r}; use one of {', '.join(DTYPES)}")
+    return key

@@ -1,0 +1,73 @@
+"""Run options declared once (hooktrace/options.py): the CLI's flags and the rank workers' argv agree."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+import typer.main
+
+from hooktrace.cli import app
+from hooktrace.options import FLAGS, RunOptions, UsageError
+
+EVERYTHING = RunOptions(
+    input_shapes=("8x3", "2"),
+    dtype="float64",
+    device="cpu",
+    backward=False,
+    steps=3,
+    optimizer="adamw",
+    timeout=2.5,
+)
+
+
+@pytest.mark.parametrize("options", [RunOptions(), EVERYTHING, RunOptions(input_shapes=("4",), steps=2)])
+def test_argv_round_trip(options: RunOptions) -> None:
+    back, rest = RunOptions.parse_argv([*options.to_argv(), "--run-dir", "/tmp/x"])
+    assert back == options
+    assert rest == ["--run-dir", "/tmp/x"]  # the worker's own arguments are left to it
+
+
+def test_defaults_give_no_arguments_and_every_field_has_a_flag() -> None:
+    assert RunOptions().to_argv() == []
+    assert {f.name for f in dataclasses.fields(RunOptions)} == set(FLAGS)
+
+
+def test_an_argparse_parser_takes_every_option() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("target")
+    RunOptions.add_arguments(parser)
+    namespace = parser.parse_args(["t.py", *EVERYTHING.to_argv()])
+    assert RunOptions.from_namespace(namespace) == EVERYTHING
+
+
+def test_the_run_command_declares_the_same_flags() -> None:
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    declared = {opt for p in command.params for opt in p.opts}
+    for flag in FLAGS.values():
+        assert set(flag.names) <= declared, flag.names
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (RunOptions(steps=0), "--steps 0"),
+        (RunOptions(input_shapes=("2xq",)), "bad --input '2xq'"),
+        (RunOptions(dtype="float7"), "unknown --dtype 'float7'"),
+        (RunOptions(device="gpu0"), "unknown --device 'gpu0'"),
+        (RunOptions(optimizer="lbfgs"), "unknown --optimizer 'lbfgs'"),
+        (RunOptions(timeout=0), "--timeout 0"),
+        (RunOptions(timeout=-1.0), "more than 0"),
+    ],
+)
+def test_check_refuses_without_torch(options: RunOptions, words: str) -> None:
+    with pytest.raises(UsageError) as info:
+        options.check()
+    assert words in str(info.value)
+
+
+def test_check_accepts_the_usual_values() -> None:
+    assert EVERYTHING.check() is EVERYTHING
+    for device in ("cpu", "CUDA", "cuda:1", "auto"):
+        RunOptions(device=device, dtype="torch.long").check()
