@@ -284,9 +284,9 @@ def _run_ranks(
     return code
 
 
-def _more_than_zero(value: Optional[float]) -> Optional[float]:
-    if value is not None and not value > 0:
-        raise typer.BadParameter(f"{value} is not more than 0 seconds")
+def _positive_seconds(value: Optional[float]) -> Optional[float]:
+    if value is not None and not value > 0:  # 0 would stop every rank at once; NaN never
+        raise typer.BadParameter(f"{value:g} is not a positive number of seconds")
     return value
 
 
@@ -313,7 +313,7 @@ def run(
     rank: Optional[int] = typer.Option(
         None, "--rank", metavar="R", min=0, help="With --nproc: the rank to show."
     ),
-    timeout: Optional[float] = cli_option("timeout", None, callback=_more_than_zero),
+    timeout: Optional[float] = cli_option("timeout", None, callback=_positive_seconds),
     depth: Optional[int] = DEPTH_OPT,
     module: Optional[str] = MODULE_OPT,
     phase: Optional[str] = PHASE_OPT,
