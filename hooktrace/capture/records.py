@@ -134,6 +134,8 @@ class HookBook:
     # -- module and global hooks: views -------------------------------------------------
     def view(self, d: dict, owner: Any, attr: str) -> dict:
         """What PyTorch's copied code iterates instead of `d`: the same keys, each hook's shim."""
+        if not d:
+            return d
         cache = self._views.get(id(d))
         if cache is None:
             cache = self._views[id(d)] = {}

@@ -43,6 +43,9 @@ _READ = re.compile(
 # globals that module.py rebinds (`global X`): read live, not from the copy's namespace
 _REBOUND = re.compile(r"\b(_global_is_full_backward_hook)\b")
 VIEW_NAME = "_hooktrace_view"
+# `_call_impl`'s copy runs only from the recording wrapper, never under Dynamo (the wrapper hands
+# compiling calls to PyTorch's own code), so it calls the capture's view directly: one call less.
+FAST_VIEW_NAME = "_hooktrace_view_eager"
 _MODULE_NAME = "_hooktrace_nn_module"
 _CLASS_NAME = "_hooktrace_module_copies"
 
@@ -66,11 +69,14 @@ def hooktrace_view(d: Any, owner: Any, attr: str) -> Any:
     return viewer.view(d, owner, attr)
 
 
-def _substitute(match: re.Match) -> str:
-    owner, attr, glob, method = match.group("owner", "attr", "glob", "method")
-    if glob is not None:
-        return f'{VIEW_NAME}({glob}, None, "{glob}").{method}()'
-    return f'{VIEW_NAME}({owner}.{attr}, {owner}, "{attr}").{method}()'
+def _substitute(view: str) -> Callable[[re.Match], str]:
+    def substitute(match: re.Match) -> str:
+        owner, attr, glob, method = match.group("owner", "attr", "glob", "method")
+        if glob is not None:
+            return f'{view}({glob}, None, "{glob}").{method}()'
+        return f'{view}({owner}.{attr}, {owner}, "{attr}").{method}()'
+
+    return substitute
 
 
 class _Copies:
@@ -79,6 +85,7 @@ class _Copies:
     def __init__(self) -> None:
         self.originals: dict[str, Any] = {}
         self.copies: dict[str, Any] = {}
+        self.namespace: dict[str, Any] = {}
         pieces: list[tuple[int, list[str]]] = []
         for name, fn in vars(torch.nn.Module).items():
             if not inspect.isfunction(fn) or fn.__module__ != nn_module.__name__:
@@ -91,8 +98,9 @@ class _Copies:
             if not _READ.search(text):
                 continue
             self.originals[name] = fn
+            sub = _substitute(FAST_VIEW_NAME if name == "_call_impl" else VIEW_NAME)
             pieces.append(
-                (first, [_REBOUND.sub(_MODULE_NAME + r".\1", _READ.sub(_substitute, line)) for line in lines])
+                (first, [_REBOUND.sub(_MODULE_NAME + r".\1", _READ.sub(sub, line)) for line in lines])
             )
         if not pieces:
             return
@@ -103,8 +111,8 @@ class _Copies:
         for first, lines in pieces:
             out += [""] * (first - 1 - len(out))
             out += [line.rstrip("\n") for line in lines]
-        namespace = dict(vars(nn_module))
-        namespace[VIEW_NAME] = hooktrace_view
+        namespace = self.namespace = dict(vars(nn_module))
+        namespace[VIEW_NAME] = namespace[FAST_VIEW_NAME] = hooktrace_view
         namespace[_MODULE_NAME] = nn_module
         exec(compile("\n".join(out) + "\n", nn_module.__file__ or "module.py", "exec"), namespace)  # noqa: S102
         made = vars(namespace.pop(_CLASS_NAME))
@@ -139,7 +147,9 @@ class Installed:
         if _viewer is not None:
             raise RuntimeError("another capture's views are installed")
         _viewer = viewer
+        self._namespace = made.namespace
         try:
+            self._namespace[FAST_VIEW_NAME] = viewer.view
             for name, copy in made.copies.items():
                 if name == "_call_impl":  # the `__call__` wrapper calls it; `_call_impl` stays PyTorch's
                     continue
@@ -156,6 +166,7 @@ class Installed:
     def restore(self) -> None:
         global _viewer
         _viewer = None
+        self._namespace[FAST_VIEW_NAME] = hooktrace_view  # inert now: returns the dict itself
         while self._saved:
             name, original = self._saved.pop()
             setattr(torch.nn.Module, name, original)
