@@ -374,3 +374,23 @@ def test_deep_nesting_runs_traced_wherever_it_runs_untraced() -> None:
     with hooktrace.trace(m) as t:
         m(x)
     assert sum(e.type == "hook" for e in t.trace.events) == deepest_plain
+
+
+def test_hook_registered_on_the_input_before_the_block_is_traced_and_restored() -> None:
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    x = torch.randn(2, 3, requires_grad=True)
+    LOG.clear()
+
+    def on_input_grad(grad: torch.Tensor) -> None:
+        LOG.append("on_input_grad")
+
+    x.register_hook(on_input_grad)
+    before = snapshot_dicts(m, tensors=(x,))
+    with hooktrace.trace(m) as t:
+        m(x).sum().backward()
+    assert LOG == ["on_input_grad"]
+    assert snapshot_dicts(m, tensors=(x,)) == before
+    (hook,) = [h for h in t.trace.hooks if h.name.endswith("on_input_grad")]
+    assert hook.tensor == "input of <root>" and hook.scope == "tensor"
+    assert [e.hook for e in t.trace.events if e.type == "hook"] == [hook.id]
+    assert not [s for s in t.trace.surprises if hook.id in s.hooks and s.rule == "never-fired"]

@@ -147,6 +147,7 @@ class TraceSession:
             vars(torch.nn.Module)["_call_impl"],
             self._namer.on_output,
             (empty if g_bwd_pre is None else g_bwd_pre, empty if g_bwd is None else g_bwd),
+            self._on_input,
         )
         self._run_codes.add(module_call.__code__)
         self._views = views.Installed(self._book, module_call)
@@ -272,6 +273,17 @@ class TraceSession:
         # the record exists from now on, so a hook removed before it could fire is still in the trace
         book.record(d, handle.id, d[handle.id], kind, owner, "global" if owner is None else "module")
         book.infer_prepends(d)
+
+    def _on_input(self, module: Any, tensor: Any) -> None:
+        """A module got a tensor whose hooks were registered before the block: trace them too."""
+        with self._lock:
+            if not self._active:
+                return
+            for hd in dicts.tensor_dicts(tensor):
+                for hid in list(hd.d or ()):
+                    record = self._book.wrap_tensor_hook(hd.d, hid, hd.kind, tensor)
+                    if record.tensor_desc is None:
+                        record.tensor_desc = ("input of", module)
 
     # -- inventory -----------------------------------------------------------------------
     def _path_of(self, module: Any) -> Optional[str]:

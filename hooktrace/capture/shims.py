@@ -311,6 +311,7 @@ def make_module_call(
     original_call_impl: Callable[..., Any],
     on_output: Callable[[Any, Any], None],
     global_backward: tuple[dict, dict],
+    on_input: Callable[[Any, Any], None],
 ) -> Callable[..., Any]:
     """Replacement for `nn.Module.__call__` (PyTorch's `_wrapped_call_impl`): records `enter`/`exit`.
 
@@ -319,7 +320,9 @@ def make_module_call(
     Dynamo compiles, it is PyTorch's own `_wrapped_call_impl` (no graph break, the same graph). A
     call that runs compiled (`torch.compile(m)`'s wrapper, named as `m`, or `m.compile()`) is one
     recorded call whose seq goes to `rec.compiled`: its hooks run inside the graph. Modules
-    whose class overrides `_call_impl` get theirs. `on_output(module, result)` sees the output of
+    whose class overrides `_call_impl` get theirs. `on_input(module, tensor)` sees positional tensor
+    inputs that carry hooks registered before the block (an input's own hooks fire in backward and
+    are traced like any tensor hook). `on_output(module, result)` sees the output of
     modules with full backward hooks, so tensor hooks registered on it can be named "output of ...".
     """
     g_bwd_pre, g_bwd = global_backward
@@ -333,6 +336,7 @@ def make_module_call(
     main = rec.main_thread
     graph_task = _graph_task_id
     compiling = _is_compiling
+    tensor_class = torch.Tensor
 
     def hooktrace_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if compiling():
@@ -344,6 +348,9 @@ def make_module_call(
         if key is None:
             key = module_ids[id(named)] = id(named)
             modules.append(named)
+        for arg in args:  # plain tensors whose own hook dicts we may not know yet
+            if arg.__class__ is tensor_class and arg.requires_grad and arg._backward_hooks:
+                on_input(self, arg)
         seq = next(counter)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         t0 = clock()
