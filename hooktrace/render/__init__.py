@@ -11,12 +11,14 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from .safe import safe_text
+
 if TYPE_CHECKING:
     from ..schema import Trace
 
-__all__ = ["RENDERERS", "RenderError", "Renderer", "format_for_path", "render", "renderer"]
+__all__ = ["RENDERERS", "RenderError", "Renderer", "format_for_path", "render", "renderer", "safe_text"]
 
-TREE_OPTIONS = ("width", "color", "depth", "module", "phase", "expand", "times")
+TREE_OPTIONS = ("width", "color", "depth", "module", "phase", "expand", "times", "all_surprises")
 
 
 class RenderError(Exception):

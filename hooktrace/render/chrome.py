@@ -12,6 +12,7 @@ and in the thread's name. A pure function of a `Trace`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from typing import Any, Optional
 
@@ -171,10 +172,21 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
     return {"traceEvents": chrome_events(trace), "displayTimeUnit": "ns", "otherData": meta}
 
 
+# characters JSON may carry raw that a terminal or an XML/UTF-8 reader must not get (see render.safe)
+_UNSAFE_JSON = re.compile("[\x7f-\x9f\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]")
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON, readable non-ASCII kept, but every control character as a `\\uXXXX` escape
+    (the same value once decoded), so the file is safe to print to a terminal."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _UNSAFE_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def chrome_json(trace: Trace) -> str:
     """JSON text, one trace event per line so files diff and grep well."""
     doc = chrome_trace(trace)
-    lines = ",\n".join(json.dumps(ev, separators=(",", ":"), ensure_ascii=False) for ev in doc["traceEvents"])
+    lines = ",\n".join(_dumps(ev) for ev in doc["traceEvents"])
     rest = {k: v for k, v in doc.items() if k != "traceEvents"}
-    tail = json.dumps(rest, separators=(",", ":"), ensure_ascii=False)[1:]
+    tail = _dumps(rest)[1:]
     return '{"traceEvents":[\n' + lines + "\n]," + tail + "\n"

@@ -1,49 +1,63 @@
-"""DOT and SVG: the order hooks fired in, as a Graphviz graph. A pure function of a `Trace`.
+"""DOT and SVG: the order hooks fired in, as a Graphviz graph, drawn from the call tree.
 
-Clusters per step (when there are several), then per phase, then per module call (forward and
-recompute nest by `enter`/`exit`; backward has no module calls, so a run of one module's hooks is
-a group, nested under an ancestor's group while that one is open). Each hook call is a node; edges
-join the nodes in firing order (`seq`), across clusters. Consecutive identical sibling blocks (12
-transformer layers, or steps with the same order) show once plus a "×N more" node, and repeated
-calls of one hook in a row are one node, unless `expand=True`. Times are left out: this is order.
+Clusters per step (when there are several), then per phase, then per module call or backward group
+(`analysis.calltree`, the same nesting the tree shows). Each hook call is a node; edges join the
+nodes in firing order (`seq`), across clusters. Runs of identical sibling blocks (12 transformer
+layers, or steps with the same order) show once plus a "×N more" note, repeated calls of one hook
+in a row are one node and saved-tensor hooks one node per block, unless `expand=True`. The legend
+lists only what the picture uses. Times are left out: this is order.
+
+Every label goes through `safe_text` (no control character, so the SVG stays well-formed XML and
+`dot` accepts the DOT) and node ids are counters, never taken from the trace.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import graphviz
 
+from ..analysis import calltree as ct
+from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.surprises import is_internal_error
-from ..schema import ROOT, Event, Hook, Trace
+from ..schema import Event, Trace
 from . import RenderError
+from .badges import (
+    badges,
+    hook_name,
+    module_name,
+    plural,
+    short_error,
+    split_surprises,
+    title_target,
+)
+from .safe import safe_text
 
 INSTALL_HINT = (
     "Graphviz's `dot` program is needed for SVG: install it with `apt-get install graphviz`, "
     "`brew install graphviz` or `conda install -c conda-forge graphviz`, or write --format dot instead"
 )
 FONT = "Helvetica"
-PHASE_TITLES = {
-    "forward": "forward",
-    "backward": "backward",
-    "recompute": "recompute (forward again during backward)",
-    "other": "other",
+PHASE_FILL = {"forward": "#f1f8f1", "backward": "#eff3fb", "recompute": "#fff5e6", "optimizer": "#fbf3ea",
+              "other": "#f4f4f4"}  # fmt: skip
+# one fill per family of kinds, so each colour in the picture has one legend entry
+FAMILIES = {
+    "forward": ("#c8e6c9", "forward hook", ("forward_pre", "forward", "forward_wrapper")),
+    "backward": ("#c5d8f0", "module backward hook", ("backward_pre", "backward")),
+    "legacy": ("#f6d5c1", "legacy backward hook", ("backward_legacy",)),
+    "tensor": ("#e6d3ee", "tensor hook (grad, post-accumulate)", ("grad", "post_accumulate_grad")),
+    "node": ("#d0ece7", "autograd node hook", ("node_pre", "node")),
+    "comm": ("#f8d7e3", "DDP communication hook", ("comm",)),
+    "optimizer": ("#ffe0b2", "optimizer hook", ("optimizer_step_pre", "optimizer_step_post")),
+    "saved": ("#e0e0e0", "saved-tensor pack/unpack", ("pack", "unpack")),
 }
-PHASE_FILL = {"forward": "#f1f8f1", "backward": "#eff3fb", "recompute": "#fff5e6", "other": "#f4f4f4"}
-KIND_FILL = {
-    "forward_pre": "#e8f5e9",
-    "forward": "#c8e6c9",
-    "backward_pre": "#e3ecf8",
-    "backward": "#c5d8f0",
-    "backward_legacy": "#f6d5c1",
-    "grad": "#f1e4f5",
-    "post_accumulate_grad": "#e6d3ee",
-}
-DEFAULT_FILL = "#eeeeee"
+FAMILY_OF = {k: fam for fam, (_, _, kinds) in FAMILIES.items() for k in kinds}
+OTHER_FILL = "#eeeeee"
 PREPEND = {"fillcolor": "#ffd54f", "color": "#a67c00", "penwidth": "2"}
 GLOBAL = {"fillcolor": "#b2ebf2", "color": "#00838f", "penwidth": "2"}
 ERROR = {"fillcolor": "#ffcdd2", "color": "#d50000", "fontcolor": "#b71c1c", "penwidth": "2"}
-STOPPED = {"color": "#ef6c00", "fontcolor": "#e65100", "penwidth": "2"}  # PyTorch's own, caught exception
+# PyTorch's own caught exception (checkpoint stopping a recompute): dark text on a pale fill
+STOPPED = {"fillcolor": "#fff3e0", "color": "#ef6c00", "fontcolor": "#8a3b00", "penwidth": "2"}
 MORE = {
     "shape": "note",
     "style": "filled",
@@ -52,200 +66,20 @@ MORE = {
     "fontcolor": "#444444",
 }
 MAX_TEXT = 70
+PHASE_SHORT = {"recompute": "recompute", "optimizer": "optimizer"}  # long titles go to the legend
+PHASE_NOTES = {
+    "recompute": "forward hooks again during backward (activation checkpointing)",
+    "optimizer": "inside optimizer.step()",
+}
 
 
-# -- the nested structure ------------------------------------------------------------------------
-class _Fire:
-    """One node: a hook call, or several calls of the same hook in a row."""
-
-    __slots__ = ("events", "sig")
-
-    def __init__(self, e: Event) -> None:
-        self.events = [e]
-        self.sig = 0
-
-
-class _Block:
-    """A step, a phase, a module call (`call`, from enter/exit) or a group of one module's hooks."""
-
-    __slots__ = ("kind", "module", "phase", "step", "seq", "children", "error", "sig", "fires", "closing")
-
-    def __init__(self, kind: str, e: Event, module: Optional[str] = None) -> None:
-        self.kind = kind
-        self.module = module
-        self.phase = e.phase
-        self.step = e.step
-        self.seq = e.seq  # the event that opened it
-        self.children: list[Union[_Block, _Fire]] = []
-        self.error: Optional[str] = None
-        self.sig = 0
-        self.fires = 0  # hook calls below, after pruning
-        # a group whose module's `backward` hook fired: its next `backward_pre` opens a new group
-        self.closing = False
-
-
-def _contains(outer: Optional[str], inner: Optional[str]) -> bool:
-    if outer is None or inner is None:
-        return False
-    return outer == "" or inner == outer or inner.startswith(outer + ".")
-
-
-def _rel(child: Optional[str], parent: Optional[str]) -> Optional[str]:
-    """`child` relative to `parent`, so that layers.0.fc and layers.1.fc compare equal."""
-    if child is None or parent is None:
-        return child
-    if child == parent:
-        return ""
-    if parent == "":
-        return child
-    if child.startswith(parent + "."):
-        return child[len(parent) + 1 :]
-    return child
-
-
-class _PhaseBuilder:
-    """Nesting of one (step, phase), with one open-block stack per thread."""
-
-    def __init__(self, root: _Block, expand: bool) -> None:
-        self.root = root
-        self.expand = expand
-        self.stacks: dict[int, list[_Block]] = {}
-
-    def _top(self, stack: list[_Block]) -> _Block:
-        return stack[-1] if stack else self.root
-
-    def _close_groups(self, stack: list[_Block], module: str) -> None:
-        while stack and stack[-1].kind == "group" and not _contains(stack[-1].module, module):
-            stack.pop()
-
-    def enter(self, e: Event) -> None:
-        stack = self.stacks.setdefault(e.thread, [])
-        self._close_groups(stack, e.module or "")
-        block = _Block("call", e, e.module)
-        self._top(stack).children.append(block)
-        stack.append(block)
-
-    def exit(self, e: Event) -> None:
-        stack = self.stacks.setdefault(e.thread, [])
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i].kind == "call" and stack[i].module == e.module:
-                stack[i].error = e.error
-                del stack[i:]
-                return
-        if e.error is not None:  # an exit without its enter still shows its exception
-            block = _Block("call", e, e.module)
-            block.error = e.error
-            self._top(stack).children.append(block)
-
-    def hook(self, e: Event) -> None:
-        stack = self.stacks.setdefault(e.thread, [])
-        module = e.module
-        if module is not None:
-            self._close_groups(stack, module)
-            top = self._top(stack)
-            if top.kind == "group" and top.module == module and top.closing and e.kind == "backward_pre":
-                stack.pop()  # the same module's next call in backward
-                top = self._top(stack)
-            if top.module != module or top.kind not in ("call", "group"):
-                group = _Block("group", e, module)
-                top.children.append(group)
-                stack.append(group)
-        block = self._top(stack)
-        if block.kind == "group" and e.kind in ("backward", "backward_legacy") and block.module == module:
-            block.closing = True
-        last = block.children[-1] if block.children else None
-        if not self.expand and type(last) is _Fire and _same_call(last.events[-1], e):
-            last.events.append(e)
-        else:
-            block.children.append(_Fire(e))
-
-
-def _same_call(a: Event, b: Event) -> bool:
-    return (a.hook, a.kind, a.module, a.returned, a.error) == (b.hook, b.kind, b.module, b.returned, b.error)
-
-
-def _build(trace: Trace, expand: bool) -> list[_Block]:
-    """Step blocks (sorted by step), each holding its phase blocks in order of first appearance."""
-    steps: dict[int, _Block] = {}
-    builders: dict[tuple[int, str], _PhaseBuilder] = {}
-    for e in sorted(trace.events, key=lambda ev: ev.seq):
-        builder = builders.get((e.step, e.phase))
-        if builder is None:
-            step = steps.get(e.step)
-            if step is None:
-                step = steps[e.step] = _Block("step", e)
-            phase = _Block("phase", e)
-            step.children.append(phase)
-            builder = builders[(e.step, e.phase)] = _PhaseBuilder(phase, expand)
-        if e.type == "enter":
-            builder.enter(e)
-        elif e.type == "exit":
-            builder.exit(e)
-        else:
-            builder.hook(e)
-    return [steps[s] for s in sorted(steps)]
-
-
-class _Shapes:
-    """Signatures: equal when two blocks ran the same hooks in the same order, whatever their path."""
-
-    def __init__(self, trace: Trace, hook_of: Any) -> None:
-        self.types = {m.path: m.type for m in trace.modules}
-        self.hook_of = hook_of
-        self.ids: dict[Any, int] = {}
-
-    def intern(self, key: Any) -> int:
-        return self.ids.setdefault(key, len(self.ids) + 1)
-
-    def fire(self, f: _Fire, parent: Optional[str]) -> int:
-        e = f.events[0]
-        h: Optional[Hook] = self.hook_of(e.hook)
-        what = (h.name, h.defined_at, h.scope, h.prepend, h.with_kwargs, h.always_call) if h else (e.hook,)
-        tensor = _rel_tensor(h.tensor, parent) if h is not None else None
-        return self.intern(
-            ("f", e.kind, what, tensor, _rel(e.module, parent), e.returned, e.error, len(f.events))
-        )
-
-    def finish(self, block: _Block) -> bool:
-        """Prune hookless blocks and compute signatures, children first. True when `block` is kept."""
-        parent = block.module if block.kind in ("call", "group") else None
-        kept: list[Union[_Block, _Fire]] = []
-        parts: list[Any] = []
-        fires = 0
-        for c in block.children:
-            if type(c) is _Fire:
-                c.sig = self.fire(c, parent)
-                fires += len(c.events)
-                parts.append(c.sig)
-                kept.append(c)
-            elif self.finish(c):
-                fires += c.fires
-                parts.append((_rel(c.module, parent), c.sig))
-                kept.append(c)
-        block.children = kept
-        block.fires = fires
-        mtype = self.types.get(block.module) if block.module is not None else None
-        block.sig = self.intern((block.kind, block.phase, mtype, block.error, tuple(parts)))
-        return fires > 0 or block.error is not None
-
-
-def _rel_tensor(tensor: Optional[str], parent: Optional[str]) -> Optional[str]:
-    if tensor is None or not parent:
-        return tensor
-    return tensor.replace(parent + ".", "", 1)
-
-
-# -- DOT -----------------------------------------------------------------------------------------
 def _esc(text: str, limit: int = MAX_TEXT) -> str:
-    """Plain text for a quoted DOT string: backslashes kept literal, long text cut."""
+    """Text for a quoted DOT string: control characters made visible, backslashes and `&` literal
+    (Graphviz reads `\\n` and `&amp;` in labels), cut to `limit` characters."""
+    text = safe_text(text)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    return text.replace("\\", "\\\\")
-
-
-def _err(error: str) -> str:
-    """`"Type: message"`, or just `"Type"` when the message is empty."""
-    return error.rstrip().rstrip(":")
+    return text.replace("\\", "\\\\").replace("&", "&amp;")
 
 
 def _label(*lines: str) -> str:
@@ -253,233 +87,231 @@ def _label(*lines: str) -> str:
 
 
 class _Emitter:
-    def __init__(self, trace: Trace, expand: bool) -> None:
-        self.trace = trace
+    def __init__(self, tree: CallTree, expand: bool) -> None:
+        self.tree = tree
+        self.trace = tree.trace
         self.expand = expand
-        self.types = {m.path: m.type for m in trace.modules}
-        self.hooks: dict[int, Optional[Hook]] = {}
+        self.hook_of = ct.hook_lookup(tree.trace)
+        shown, self.info = split_surprises(list(tree.trace.surprises))
+        self.surprises = shown
         self.rules: dict[int, list[str]] = {}
-        for s in trace.surprises:
+        for s in shown:
             for seq in s.events:
                 if s.rule not in self.rules.setdefault(seq, []):
                     self.rules[seq].append(s.rule)
-        self.chain: list[tuple[int, str]] = []  # (seq, node id) of every node, joined in seq order
-        self.clusters = 0
+        self.chain: list[tuple[int, int, str]] = []  # (seq, order, node id): joined in seq order
+        self.ids = 0
+        self.used: set[str] = set()  # legend entries the picture needs
+        self.kinds: set[str] = set()  # kinds drawn
 
-    def hook_of(self, hook_id: Optional[int]) -> Optional[Hook]:
-        if hook_id is None:
-            return None
-        if hook_id not in self.hooks:
-            try:
-                self.hooks[hook_id] = self.trace.hook(hook_id)
-            except KeyError:
-                self.hooks[hook_id] = None
-        return self.hooks[hook_id]
+    def new_id(self, prefix: str) -> str:
+        self.ids += 1
+        return f"{prefix}{self.ids}"
 
-    def cluster_name(self) -> str:
-        self.clusters += 1
-        return f"cluster_{self.clusters}"
+    def link(self, seq: int, node_id: str) -> None:
+        self.chain.append((seq, len(self.chain), node_id))
 
     # -- nodes -----------------------------------------------------------------------------------
-    def fire_node(self, g: graphviz.Digraph, f: _Fire, parent: Optional[str]) -> None:
-        e, last = f.events[0], f.events[-1]
+    def fire_node(self, g: graphviz.Digraph, events: list[Event], parent: Optional[str]) -> None:
+        e, last = events[0], events[-1]
         h = self.hook_of(e.hook)
         kind = e.kind or (h.kind if h else "hook")
         head = f"{kind}  #{e.seq}"
-        if len(f.events) > 1:
-            head += f"…#{last.seq}  ×{len(f.events)}"
-        lines = [_esc(head), _esc(h.name if h else f"<unknown hook {e.hook}>")]
-        if h is not None and h.scope == "tensor" and h.tensor:
+        if len(events) > 1:
+            head += f"…#{last.seq}  ×{len(events)}"
+        lines = [_esc(head), _esc(hook_name(h, e.hook))]
+        if h is not None and h.tensor:
             lines.append(_esc(f"on {h.tensor}"))
         elif e.module is not None and e.module != parent:
-            lines.append(_esc(f"for {e.module or ROOT}"))
-        badges = _badges(h, f.events)
-        if badges:
-            lines.append(_esc(" · ".join(badges)))
-        errors = [x.error for x in f.events if x.error is not None and not is_internal_error(x.error)]
-        stops = [x.error for x in f.events if is_internal_error(x.error)]
+            lines.append(_esc(f"for {module_name(e.module)}"))
+        words = [w for w in badges(h, events) if w != "error"]
+        if words:
+            lines.append(_esc(" · ".join(words)))
+        errors = [x.error for x in events if x.error is not None and not is_internal_error(x.error)]
+        stops = [x.error for x in events if is_internal_error(x.error)]
         if errors or stops:
-            lines.append(_esc(f"error: {_err((errors or stops)[0])}"))
-        rules = [r for x in f.events for r in self.rules.get(x.seq, ())]
+            lines.append(_esc(f"error: {short_error((errors or stops)[0] or '')}"))
+        rules = [r for x in events for r in self.rules.get(x.seq, ())]
         if rules:
             lines.append(_esc("surprise: " + ", ".join(dict.fromkeys(rules))))
-        attrs = {"fillcolor": KIND_FILL.get(kind, DEFAULT_FILL)}
+        family = FAMILY_OF.get(kind)
+        attrs = {"fillcolor": FAMILIES[family][0] if family else OTHER_FILL}
+        self.used.add(family or "other")
+        self.kinds.add(kind)
         if h is not None and h.scope == "global":
             attrs.update(GLOBAL)
+            self.used.add("global")
         if h is not None and h.prepend:
             attrs.update(PREPEND)
+            self.used.add("prepend")
         if errors:
             attrs.update(ERROR)
+            self.used.add("error")
         elif stops:
             attrs.update(STOPPED)
+            self.used.add("stopped")
         tooltip = [f"hook id {e.hook}" if h is None else f"hook id {h.id}, {h.scope} {h.kind}"]
         if h is not None and h.defined_at:
             tooltip.append(f"defined at {h.defined_at}")
         if h is not None and h.registered_at:
             tooltip.append(f"registered at {h.registered_at}")
-        node_id = f"e{e.seq}"
+        node_id = self.new_id("h")
         g.node(node_id, _label(*lines), tooltip=_esc("; ".join(tooltip), 300), **attrs)
-        self.chain.append((e.seq, node_id))
+        self.link(e.seq, node_id)
 
-    def more_node(self, g: graphviz.Digraph, hidden: list[_Block]) -> None:
+    def saved_node(self, g: graphviz.Digraph, s: SavedTensors) -> None:
+        counts = ", ".join(f"{n} {k}" for k, n in s.counts().items())
+        names = ", ".join(dict.fromkeys(hook_name(self.hook_of(e.hook), e.hook) for e in s.events))
+        lines = [_esc(f"saved tensors  #{s.seq}…#{s.last_seq}"), _esc(counts), _esc(names)]
+        node_id = self.new_id("s")
+        g.node(node_id, _label(*lines), fillcolor=FAMILIES["saved"][0])
+        self.used.add("saved")
+        self.kinds.update(e.kind for e in s.events if e.kind)
+        self.link(s.seq, node_id)
+
+    def more_node(self, g: graphviz.Digraph, hidden: list[Node]) -> None:
         first, last = hidden[0], hidden[-1]
-        fires = sum(b.fires for b in hidden)
+        fires = sum(b.hooks for b in hidden)
         if first.kind == "step":
             span = f"step {first.step}" if len(hidden) == 1 else f"steps {first.step}–{last.step}"
             what = f"×{len(hidden)} more step{'s' if len(hidden) != 1 else ''} with the same hook order"
         else:
-            names = [_name(b) for b in hidden]
+            names = [module_name(b.module) for b in hidden]
             span = ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]}"
             what = f"×{len(hidden)} more with the same hook order"
-        node_id = f"more{first.seq}"
-        g.node(
-            node_id,
-            _label(_esc(what), _esc(span), f"{fires} hook calls not drawn (--expand draws them)"),
-            **MORE,
-        )
-        self.chain.append((first.seq, node_id))
+        node_id = self.new_id("more")
+        g.node(node_id, _label(_esc(what), _esc(span), f"{fires} hook calls not drawn (--expand draws them)"),
+               **MORE)  # fmt: skip
+        self.used.add("more")
+        self.link(first.first_seq, node_id)
 
     # -- clusters --------------------------------------------------------------------------------
-    def children(self, g: graphviz.Digraph, block: _Block) -> None:
-        parent = block.module if block.kind in ("call", "group") else None
-        kids = block.children
-        i, n = 0, len(kids)
-        while i < n:
-            c = kids[i]
-            if type(c) is _Fire:
-                self.fire_node(g, c, parent)
-                i += 1
+    def children(self, g: graphviz.Digraph, node: Node) -> None:
+        parent = node.module if node.kind in ("call", "group") else None
+        pending: list[Event] = []
+        for item, same in ct.runs(node.children, self.expand):
+            if type(item) is Event and pending and not self.expand and _same_call(pending[-1], item):
+                pending.append(item)
                 continue
-            j = i + 1
-            if not self.expand and c.kind != "phase":
-                while j < n and type(kids[j]) is _Block and kids[j].sig == c.sig:
-                    j += 1
-            if c.kind != "step" and j - i == 2:
-                j = i + 1  # one identical sibling is drawn: a "×1 more" note would hide it for nothing
-            self.cluster(g, c)
-            if j - i > 1:
-                self.more_node(g, kids[i + 1 : j])  # type: ignore[arg-type]
-            i = j
-
-    def cluster(self, g: graphviz.Digraph, block: _Block) -> None:
-        with g.subgraph(name=self.cluster_name()) as c:
-            # set every attribute: a cluster inherits the ones its parent cluster set
-            attrs = {"style": "rounded,filled", "fillcolor": "white", "color": "#757575"}
-            attrs.update(penwidth="1", fontcolor="black")
-            if block.kind == "step":
-                lines = [f"step {block.step}"]
-                attrs.update(style="rounded,bold", color="#555555", penwidth="2")
-            elif block.kind == "phase":
-                lines = [_esc(PHASE_TITLES.get(block.phase, block.phase))]
-                attrs.update(fillcolor=PHASE_FILL.get(block.phase, "#f4f4f4"), color="#9e9e9e")
+            if pending:
+                self.fire_node(g, pending, parent)
+                pending = []
+            if type(item) is Event:
+                pending = [item]
+            elif type(item) is SavedTensors:
+                self.saved_node(g, item)
             else:
-                mtype = self.types.get(block.module or "")
-                lines = [_esc(_name(block) + (f" ({mtype})" if mtype else ""))]
-                if block.kind == "group":
+                self.cluster(g, item)
+                if same:
+                    self.more_node(g, same)
+        if pending:
+            self.fire_node(g, pending, parent)
+
+    def cluster(self, g: graphviz.Digraph, node: Node) -> None:
+        """Draw `node` as a cluster. Titles stay short and left-aligned (an exception goes into a
+        node of its own, where the call ended), so the firing-order edges run beside them."""
+        with g.subgraph(name=self.new_id("cluster_")) as c:
+            # set every attribute: a cluster inherits the ones its parent cluster set
+            attrs = {"style": "rounded,filled", "fillcolor": "white", "color": "#757575", "penwidth": "1",
+                     "fontcolor": "black", "labeljust": "l", "fontsize": "10"}  # fmt: skip
+            if node.kind == "step":
+                title = f"step {node.step}"
+                attrs.update(style="rounded,bold", color="#555555", penwidth="2", fontsize="12")
+            elif node.kind == "phase":
+                title = _esc(PHASE_SHORT.get(node.phase, node.phase))
+                attrs.update(fillcolor=PHASE_FILL.get(node.phase, "#f4f4f4"), color="#9e9e9e", fontsize="11")
+                self.used.add(f"phase_{node.phase}")
+            else:
+                mtype = self.tree.types.get(node.module) if node.module is not None else None
+                title = _esc(module_name(node.module) + (f" ({mtype})" if mtype else ""))
+                if node.kind == "group":
                     attrs["style"] = "rounded,filled,dashed"
-                if is_internal_error(block.error):
-                    lines.append(_esc(f"stopped by PyTorch: {_err(block.error)}"))
-                    attrs.update(STOPPED)
-                elif block.error is not None:
-                    lines.append(_esc(f"raised {_err(block.error)}"))
+                    self.used.add("group")
+                if is_internal_error(node.error):
+                    attrs.update(color=STOPPED["color"], fontcolor=STOPPED["fontcolor"], penwidth="2")
+                elif node.error is not None:
                     attrs.update(color=ERROR["color"], fontcolor=ERROR["fontcolor"], penwidth="2")
-            c.attr(label=_label(*lines), **attrs)
-            if block.error is not None and not block.children:
-                node_id = f"x{block.seq}"
-                style = STOPPED if is_internal_error(block.error) else ERROR
-                c.node(node_id, _label(_esc(f"raised {_err(block.error)}")), **style, style="filled")
-                self.chain.append((block.seq, node_id))
-            self.children(c, block)
+            c.attr(label=_label(title), **attrs)
+            self.children(c, node)
+            if node.error is not None:  # the exception, as the last thing in the call, where it ended
+                stopped = is_internal_error(node.error)
+                self.used.add("stopped" if stopped else "error")
+                marker = self.new_id("x")
+                text = f"{'stopped by PyTorch' if stopped else 'raised'}: {short_error(node.error)}"
+                style = {**(STOPPED if stopped else ERROR), "style": "rounded,filled"}
+                c.node(marker, _label(_esc(text)), **style)
+                self.link(node.last_seq, marker)
 
     def legend(self, g: graphviz.Digraph) -> None:
+        entries: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        for fam, (fill, text, kinds) in FAMILIES.items():
+            if fam in self.used:
+                drawn = [k for k in kinds if k in self.kinds] or list(kinds)
+                entries.append(((", ".join(drawn), text), {"fillcolor": fill}))
+        if "other" in self.used:
+            entries.append((("other kinds", "state-dict, registration hooks"), {"fillcolor": OTHER_FILL}))
+        extra = [
+            ("prepend", ("prepend", "registered with prepend=True (or proven first)"), PREPEND),
+            ("global", ("global", "register_module_* hook: runs for every module"), GLOBAL),
+            ("error", ("error", "the hook or module raised"), ERROR),
+            ("stopped", ("stopped by PyTorch", "its own caught exception (checkpoint)"), STOPPED),
+            ("group", ("dashed box", "one module's hooks in backward (no call to nest by)"),
+             {"style": "rounded,dashed", "fillcolor": "white"}),
+            ("more", ("×N more", "identical blocks collapsed"), MORE),
+        ]  # fmt: skip
+        entries += [(lines, attrs) for key, lines, attrs in extra if key in self.used]
+        for phase, note in PHASE_NOTES.items():
+            if f"phase_{phase}" in self.used:
+                entries.append(((phase, note), {"fillcolor": PHASE_FILL[phase], "color": "#9e9e9e"}))
+        if not entries:
+            return
         with g.subgraph(name="cluster_legend") as c:
-            c.attr(label="legend", style="rounded", color="#bdbdbd", fontsize="10")
-            entries = [
-                (
-                    "legend_module",
-                    ("forward_pre  #seq", "module hook"),
-                    {"fillcolor": KIND_FILL["forward_pre"]},
-                ),
-                ("legend_prepend", ("prepend", "registered with prepend=True"), PREPEND),
-                ("legend_global", ("global", "register_module_* hook"), GLOBAL),
-                ("legend_tensor", ("grad", "tensor hook"), {"fillcolor": KIND_FILL["grad"]}),
-                ("legend_error", ("error", "the hook or module raised"), ERROR),
-                (
-                    "legend_stopped",
-                    ("stopped", "PyTorch's own caught exception"),
-                    {**STOPPED, "fillcolor": "white"},
-                ),
-            ]
-            for node_id, lines, attrs in entries:
-                c.node(node_id, _label(*lines), **attrs)
-            c.node("legend_more", _label("×N more", "identical blocks collapsed"), **MORE)
-            ids = [e[0] for e in entries] + ["legend_more"]
+            c.attr(label="legend", style="rounded", color="#bdbdbd", fontsize="10", fillcolor="white",
+                   fontcolor="black", labeljust="c")  # fmt: skip
+            ids = []
+            for lines, attrs in entries:
+                node_id = self.new_id("legend")
+                c.node(node_id, _label(*(_esc(x) for x in lines)), **attrs)
+                ids.append(node_id)
             for a, b in zip(ids, ids[1:]):
                 c.edge(a, b, style="invis")
 
 
-def _badges(h: Optional[Hook], events: list[Event]) -> list[str]:
-    out: list[str] = []
-    if h is not None:
-        if h.prepend:
-            out.append("prepend" + (" (inferred)" if h.prepend_source == "inferred" else ""))
-        if h.scope == "global":
-            out.append("global")
-        if h.with_kwargs:
-            out.append("with_kwargs")
-        if h.always_call:
-            out.append("always_call")
-        if h.registered_during_run:
-            out.append("registered during run")
-    if any(e.returned for e in events):
-        out.append("returned")
-    return out
-
-
-def _name(block: _Block) -> str:
-    if block.module is None:
-        return "tensor hooks"
-    return block.module or ROOT
+def _same_call(a: Event, b: Event) -> bool:
+    return (a.hook, a.kind, a.module, a.returned, a.error) == (b.hook, b.kind, b.module, b.returned, b.error)
 
 
 def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:
     """The `graphviz.Digraph` of `trace`; `expand=True` draws every repeated block and call."""
-    em = _Emitter(trace, expand)
-    steps = _build(trace, expand)
-    shapes = _Shapes(trace, em.hook_of)
-    steps = [s for s in steps if shapes.finish(s)]
-    n_hooks = sum(s.fires for s in steps)
-    target = trace.meta.target or "trace"
-    n_steps = len({e.step for e in trace.events})
-    title = f"hooktrace: {target} · {n_hooks} hook call{'s' if n_hooks != 1 else ''}"
+    tree = ct.build(trace, expand=expand)
+    em = _Emitter(tree, expand)
+    n_hooks = tree.hooks
+    n_steps = len({e.step for e in tree.events})
+    target = title_target(trace.meta) or "trace"
+    title = f"hooktrace: {target} · {plural(n_hooks, 'hook call')}"
     if n_steps > 1:
         title += f" in {n_steps} steps"
-    if trace.surprises:
-        title += f" · surprises: {', '.join(dict.fromkeys(s.rule for s in trace.surprises))}"
+    if em.surprises:
+        title += f" · surprises: {', '.join(dict.fromkeys(s.rule for s in em.surprises))}"
+    if em.info:
+        title += f" · +{em.info} info surprise{'s' if em.info != 1 else ''} about library hooks"
 
     g = graphviz.Digraph("hooktrace")
-    g.attr(
-        label=_label(_esc(title, 200)),
-        labelloc="t",
-        fontname=FONT,
-        fontsize="12",
-        rankdir="TB",
-        newrank="true",
-        nodesep="0.25",
-        ranksep="0.3",
-    )
+    g.attr(label=_label(_esc(title, 200)), labelloc="t", fontname=FONT, fontsize="12", rankdir="TB",
+           newrank="true", nodesep="0.25", ranksep="0.35")  # fmt: skip
     g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="10", margin="0.08,0.04")
     g.attr("edge", color="#616161", arrowsize="0.6")
-    if not steps:
+    if not tree.steps:
         g.node("empty", "no hook fired in this trace", shape="plaintext")
-    elif len(steps) == 1:
-        em.children(g, steps[0])
+    elif n_steps == 1 and len(tree.steps) == 1:
+        em.children(g, tree.steps[0])
     else:
-        root = _Block("root", trace.events[0])
-        root.children = list(steps)
+        root = Node("step", tree.events[0])
+        root.kind = "root"
+        root.children = list(tree.steps)
         em.children(g, root)
     em.chain.sort()
-    for (_, a), (_, b) in zip(em.chain, em.chain[1:]):
+    for (_, _, a), (_, _, b) in zip(em.chain, em.chain[1:]):
         g.edge(a, b)
     em.legend(g)
     return g
@@ -498,5 +330,7 @@ def svg(trace: Trace, *, expand: bool = False) -> str:
     except graphviz.ExecutableNotFound:
         raise RenderError(INSTALL_HINT) from None
     except graphviz.CalledProcessError as exc:
-        detail = (exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
-        raise RenderError(f"Graphviz dot failed: {detail[-1] if detail else exc}") from None
+        stderr = exc.stderr or b""
+        text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else str(stderr)
+        detail = text.strip().splitlines()
+        raise RenderError(f"Graphviz dot failed: {safe_text(detail[-1]) if detail else exc}") from None

@@ -1,444 +1,302 @@
-"""The rich tree: hooktrace's default output, a pure function of a `Trace`.
+"""The rich tree: hooktrace's default output, drawn from the call tree (`analysis.calltree`).
 
-phase -> (step, when there are several) -> module calls nested as they happened, each hook on one
+(step, when there are several) -> phase -> module calls nested as they happened, each hook on one
 line with its seq, kind, name, badges and where it is defined; then the surprises and a summary.
-
-Forward, recompute and other phases nest by `enter`/`exit` events. Backward has no module calls,
-so its hooks are grouped by module: a run of hooks of one module is one group, nested under the
-group of an ancestor module when that one is still open (a module's `backward_pre` opens it, its
-`backward` closes it). Every reading of the tree top to bottom is in `seq` order.
-
-Consecutive sibling calls of identical shape (12 transformer layers) show once, then one line
-"×11 more with the same order". Everything is linear in the number of events.
+Lines are laid out for the width they are printed at: a line that would not fit moves its badges,
+location or error to an indented continuation line instead of letting the terminal cut a word.
+Every reading of the tree top to bottom is in `seq` order. Text from user code or a trace file
+goes through `safe_text`, so no control sequence reaches the terminal.
 """
 
 from __future__ import annotations
 
+import difflib
 import io
-import operator
 import re
 from collections import Counter
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional
 
-from rich.console import Console, Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.panel import Panel
 from rich.text import Text
 from rich.tree import Tree
 
-from ..schema import PHASES, ROOT, Event, Hook, Trace, gc_paused
+from ..analysis import calltree as ct
+from ..analysis.calltree import CallTree, Node, SavedTensors
+from ..analysis.surprises import is_internal_error
+from ..schema import PHASES, ROOT, Event, Trace, gc_paused
+from . import RenderError
+from .badges import (
+    PHASE_TITLES,
+    WARM_UP,
+    badges,
+    fmt_ns,
+    hook_name,
+    info_line,
+    location,
+    module_name,
+    plural,
+    short_error,
+    split_surprises,
+)
+from .safe import safe_text
 
-PHASE_TITLES = {
-    "forward": "forward",
-    "backward": "backward",
-    "recompute": "recompute (forward again during backward)",
-    "other": "other",
-}
 KIND_STYLES = {
     "forward_pre": "cyan",
     "forward": "green",
+    "forward_wrapper": "bright_green",
     "backward_pre": "magenta",
     "backward": "blue",
     "backward_legacy": "red",
     "grad": "yellow",
     "post_accumulate_grad": "yellow",
+    "node_pre": "bright_blue",
+    "node": "bright_blue",
+    "comm": "bright_red",
+    "optimizer_step_pre": "bright_magenta",
+    "optimizer_step_post": "bright_magenta",
+    "pack": "bright_black",
+    "unpack": "bright_black",
 }
-BADGE_STYLES = {
-    "prepend": "bold yellow",
-    "global": "bold cyan",
-    "kwargs": "blue",
-    "always": "blue",
-    "returned": "magenta",
-    "error": "bold red",
-}
+BADGE_STYLES = {"prepend": "bold yellow", "global": "bold cyan", "returned": "magenta", "error": "bold red"}
 KIND_WIDTH = 13
+GUIDE = 4  # columns rich's tree indents each level by
+CONT = "   "  # indent of a continuation line
 
 
-def _contains(outer: Optional[str], inner: Optional[str]) -> bool:
-    """`inner` is the module path `outer` or one of its descendants ("" is the root)."""
-    if outer is None or inner is None:
-        return False
-    return outer == "" or inner == outer or inner.startswith(outer + ".")
-
-
-def _rel(child: Optional[str], parent: Optional[str]) -> Optional[str]:
-    """Path of `child` relative to `parent`, so layers.0.fc and layers.1.fc compare equal."""
-    if child is None or parent is None or child == parent:
-        return "" if child == parent else child
-    if parent == "":
-        return child
-    if child.startswith(parent + "."):
-        return child[len(parent) + 1 :]
-    return child
-
-
-def _fmt_ns(ns: int) -> str:
-    if ns < 1_000:
-        return f"{ns}ns"
-    if ns < 1_000_000:
-        return f"{ns / 1_000:.1f}µs"
-    if ns < 1_000_000_000:
-        return f"{ns / 1_000_000:.2f}ms"
-    return f"{ns / 1_000_000_000:.2f}s"
-
-
-class _Node:
-    """A module call (`explicit`, from enter/exit) or a group of one module's hooks (backward)."""
-
-    __slots__ = (
-        "module",
-        "explicit",
-        "children",
-        "first_seq",
-        "last_seq",
-        "start_ns",
-        "duration_ns",
-        "error",
-        "sig",
-        "hooks",
-        "calls",
-        "opened",
-    )
-
-    def __init__(
-        self, module: Optional[str], explicit: bool, seq: int, start_ns: int = 0, duration_ns: int = 0
-    ) -> None:
-        self.module = module
-        self.explicit = explicit
-        self.children: list[Union[_Node, Event]] = []
-        self.first_seq = seq
-        self.last_seq = seq
-        self.start_ns = start_ns
-        self.duration_ns = duration_ns
-        self.error: Optional[str] = None
-        self.sig = 0
-        self.hooks = 0  # hook events in the subtree, after pruning
-        self.calls = 0  # module calls in the subtree, before pruning
-        self.opened = False  # on a stack because of its enter, until its exit
-
-
-class _Builder:
-    """Nesting of one (phase, step): roots in event order and one stack of open nodes per thread.
-
-    A node on a stack is either a call opened by its `enter` (closed by its `exit`) or a group of
-    hooks (closed as soon as a hook of a module outside it fires).
-    """
-
-    __slots__ = ("roots", "stacks", "thread", "stack")
-
-    def __init__(self) -> None:
-        self.roots: list[_Node] = []
-        self.stacks: dict[int, list[_Node]] = {}
-        self.thread: Optional[int] = None
-        self.stack: list[_Node] = []
-
-    def _stack(self, thread: int) -> list[_Node]:
-        if thread != self.thread:
-            self.thread = thread
-            self.stack = self.stacks.setdefault(thread, [])
-        return self.stack
-
-    def enter(self, e: Event) -> None:
-        stack = self._stack(e.thread)
-        module = e.module
-        while stack and not stack[-1].opened and not _contains(stack[-1].module, module):
-            stack.pop()
-        if stack and not stack[-1].opened and not stack[-1].explicit and stack[-1].module == module:
-            # hooks of this module were seen before its enter: that group is this call
-            node = stack[-1]
-            node.explicit = node.opened = True
-            node.start_ns, node.duration_ns = e.start_ns, e.duration_ns
-            return
-        node = _Node(module, True, e.seq, e.start_ns, e.duration_ns)
-        node.opened = True
-        (stack[-1].children if stack else self.roots).append(node)
-        stack.append(node)
-
-    def exit(self, e: Event) -> None:
-        stack = self._stack(e.thread)
-        for i in range(len(stack) - 1, -1, -1):
-            node = stack[i]
-            if node.opened and node.module == e.module:
-                del stack[i:]
-                node.opened = False
-                node.last_seq = e.seq
-                node.error = e.error
-                if not node.duration_ns:
-                    node.duration_ns = max(0, e.start_ns - node.start_ns)
-                return
-        if e.error is not None:  # an exit without its enter still shows its exception
-            node = _Node(e.module, True, e.seq)
-            node.error = e.error
-            (stack[-1].children if stack else self.roots).append(node)
-
-    def hook(self, e: Event, module: Optional[str]) -> None:
-        stack = self._stack(e.thread)
-        if stack and stack[-1].module == module:
-            stack[-1].children.append(e)
-            return
-        if module is None:  # a tensor hook that belongs to no module: into what is open
-            if stack:
-                stack[-1].children.append(e)
-            elif self.roots and self.roots[-1].module is None:
-                self.roots[-1].children.append(e)
-            else:
-                node = _Node(None, False, e.seq)
-                node.children.append(e)
-                self.roots.append(node)
-            return
-        while stack and not stack[-1].opened and not _contains(stack[-1].module, module):
-            stack.pop()
-        if stack and stack[-1].module == module:
-            stack[-1].children.append(e)
-            return
-        siblings = stack[-1].children if stack else self.roots
-        last = siblings[-1] if siblings else None
-        if type(last) is _Node and last.module == module:
-            node = last  # appending to the last sibling keeps the reading order
+def _pack(segments: list[tuple[str, Text]], avail: int) -> Text:
+    """Segments (separator, text) on as few lines as fit in `avail` columns; a segment is never split
+    (one longer than a whole line is left to the terminal)."""
+    lines: list[Text] = []
+    cur: Optional[Text] = None
+    for sep, seg in segments:
+        if cur is None:
+            cur = seg.copy()
+        elif cell_len(cur.plain) + len(sep) + cell_len(seg.plain) <= avail:
+            cur.append(sep)
+            cur.append_text(seg)
         else:
-            node = _Node(module, False, e.seq)
-            siblings.append(node)
-        node.children.append(e)
-        stack.append(node)
+            lines.append(cur)
+            cur = Text(CONT) + seg
+    lines.append(cur or Text())
+    return Text("\n").join(lines)
 
 
-class _Context:
-    """Per-call state of one rendering: lookups, interned shapes, options. Never kept between calls."""
+class _Drawer:
+    """Per-call drawing state; nothing is kept between renderings."""
 
-    def __init__(self, trace: Trace, *, expand: bool, times: bool, show_empty: bool, depth: Optional[int]):
-        self.trace = trace
+    def __init__(self, tree: CallTree, *, width: int, expand: bool, times: bool, depth: Optional[int]):
+        self.ctree = tree
+        self.meta = tree.trace.meta
+        self.width = width
         self.expand = expand
         self.times = times
-        self.show_empty = show_empty
         self.depth = depth
-        self.types = {m.path: m.type for m in trace.modules}
-        self.hooks: dict[int, Optional[Hook]] = {}
-        self.shapes: dict[Any, int] = {}
-        self.hook_shapes: dict[Any, int] = {}
+        self.hook_of = ct.hook_lookup(tree.trace)
 
-    def hook_of(self, hook_id: Optional[int]) -> Optional[Hook]:
-        if hook_id is None:
-            return None
-        try:
-            return self.hooks[hook_id]
-        except KeyError:
-            try:
-                found: Optional[Hook] = self.trace.hook(hook_id)
-            except KeyError:
-                found = None
-            self.hooks[hook_id] = found
-            return found
-
-    def module_of(self, e: Event) -> Optional[str]:
-        if e.module is not None or e.type != "hook":
-            return e.module
-        hook = self.hook_of(e.hook)
-        return hook.module if hook is not None else None
-
-    def intern(self, key: Any) -> int:
-        return self.shapes.setdefault(key, len(self.shapes) + 1)
-
-    def hook_shape(self, e: Event, parent: Optional[str], key: Any) -> int:
-        """Shape id of one hook event under `parent`: what it is, not which layer it belongs to."""
-        rel = _rel(self.module_of(e), parent)
+    def hook_line(self, e: Event, parent: Optional[str], col: int) -> Text:
         h = self.hook_of(e.hook)
-        what = (h.name, h.defined_at, h.scope, h.prepend, h.with_kwargs, h.always_call) if h else (e.hook,)
-        shape = self.intern(("h", e.kind, what, e.returned, e.error is None, rel))
-        self.hook_shapes[key] = shape
-        return shape
-
-    def finish(self, roots: list[_Node]) -> list[_Node]:
-        """Counts, shape ids and pruning of hookless calls, children before parents; no recursion."""
-        order: list[_Node] = []
-        todo = list(roots)
-        while todo:
-            node = todo.pop()
-            order.append(node)
-            todo.extend(c for c in node.children if type(c) is _Node)
-        hook_shapes = self.hook_shapes
-        show_empty = self.show_empty
-        for node in reversed(order):
-            children = node.children
-            here = node.module
-            hooks = 0
-            calls = 1 if node.explicit else 0
-            pruned = False
-            parts: list[Any] = []
-            for c in children:
-                if type(c) is _Node:
-                    calls += c.calls
-                    if not c.hooks and c.error is None and not show_empty:
-                        pruned = True
-                        continue
-                    hooks += c.hooks
-                    parts.append((_rel(c.module, here), c.sig))
-                else:
-                    hooks += 1
-                    # the common case (a plain hook of this very module) keyed by its id alone
-                    if c.module == here and not c.returned and c.error is None:
-                        key: Any = c.hook
-                    else:
-                        key = (c.hook, c.kind, c.returned, c.error is None, c.module == here or c.module)
-                    shape = hook_shapes.get(key)
-                    parts.append(shape if shape is not None else self.hook_shape(c, here, key))
-            if children:
-                last = children[-1]
-                node.last_seq = max(node.last_seq, last.last_seq if type(last) is _Node else last.seq)
-            if pruned:
-                node.children = [
-                    c for c in children if type(c) is not _Node or c.hooks or c.error is not None
-                ]
-            node.hooks = hooks
-            node.calls = calls
-            node.sig = self.intern(
-                ("c", node.explicit, self.types.get(node.module or ""), node.error is None, tuple(parts))
-            )
-        return [r for r in roots if self.show_empty or r.hooks or r.error is not None]
-
-    # -- labels ------------------------------------------------------------------------------
-    def hook_line(self, e: Event, parent: Optional[str]) -> Text:
-        h = self.hook_of(e.hook)
-        line = Text()
-        line.append(f"#{e.seq} ", style="dim")
-        kind = e.kind or (h.kind if h else "hook")
-        line.append(kind.ljust(KIND_WIDTH), style=KIND_STYLES.get(kind, "white"))
-        line.append(" ")
-        line.append(h.name if h else f"<unknown hook {e.hook}>", style="bold")
-        if h is not None and h.scope == "tensor" and h.tensor:
-            line.append(f" on {h.tensor}")
-        module = e.module
-        if module is not None and module != parent:
-            line.append(f" for {module or ROOT}")
-        for badge in _badges(h, e):
-            line.append(" ")
-            line.append(f"[{badge}]", style=BADGE_STYLES.get(badge.split()[0], ""))
+        head = Text()
+        head.append(f"#{e.seq} ", style="dim")
+        kind = safe_text(e.kind or (h.kind if h else "hook"))
+        head.append(kind.ljust(KIND_WIDTH), style=KIND_STYLES.get(kind, "white"))
+        head.append(" ")
+        head.append(hook_name(h, e.hook), style="bold")
+        segs: list[tuple[str, Text]] = [("", head)]
+        if h is not None and h.tensor:
+            segs.append((" ", Text(f"on {safe_text(h.tensor)}")))
+        elif e.module is not None and e.module != parent:
+            segs.append((" ", Text(f"for {module_name(e.module)}")))
+        words = badges(h, [e])
+        if words:
+            b = Text("[")
+            for i, w in enumerate(words):
+                b.append(", " if i else "")
+                b.append(w, style=BADGE_STYLES.get(w.split()[0], "blue"))
+            b.append("]")
+            segs.append((" ", b))
         if self.times:
-            line.append(f"  {_fmt_ns(e.duration_ns)}", style="dim")
-        if h is not None and h.defined_at:
-            line.append(f"  {h.defined_at}", style="dim")
+            segs.append(("  ", Text(fmt_ns(e.duration_ns), style="dim")))
+        where = location(h.defined_at, self.meta) if h is not None else ""
+        if where:
+            segs.append(("  ", Text(where, style="dim")))
         if e.error is not None:
-            line.append(f"  error: {_short_error(e.error)}", style="red")
-        return line
+            segs.append(("  ", Text(f"error: {short_error(e.error)}", style="red")))
+        return _pack(segs, self.width - col)
 
-    def node_label(self, node: _Node) -> Text:
-        line = Text()
-        if node.module is None:
-            line.append("tensor hooks", style="italic")
-            return line
-        line.append(node.module or ROOT, style="bold")
-        mtype = self.types.get(node.module)
+    def saved_line(self, s: SavedTensors, col: int) -> Text:
+        counts = ", ".join(f"{n} {k}" for k, n in s.counts().items())
+        names = dict.fromkeys(hook_name(self.hook_of(e.hook), e.hook) for e in s.events)
+        head = Text(f"#{s.seq}–#{s.last_seq} ", style="dim")
+        head.append("saved tensors", style=KIND_STYLES["pack"])
+        head.append(f" {counts}")
+        segs = [("", head), ("  ", Text(", ".join(names), style="bold"))]
+        segs.append(("  ", Text("--expand lists them", style="dim italic")))
+        return _pack(segs, self.width - col)
+
+    def node_label(self, node: Node, col: int) -> Text:
+        name = Text(module_name(node.module), style="bold")
+        mtype = self.ctree.types.get(node.module) if node.module is not None else None
         if mtype:
-            line.append(f" {mtype}", style="dim")
-        if node.explicit:
-            line.append(f"  call #{node.first_seq}–#{node.last_seq}", style="dim")
+            name.append(f" {safe_text(mtype)}", style="dim")
+        segs: list[tuple[str, Text]] = [("", name)]
+        if node.kind == "call":
+            segs.append(("  ", Text(f"call #{node.first_seq}–#{node.last_seq}", style="dim")))
             if self.times:
-                line.append(f"  {_fmt_ns(node.duration_ns)}", style="dim")
-        if node.error is not None:
-            line.append(f"  raised {_short_error(node.error)}", style="red")
-        return line
+                segs.append(("  ", Text(fmt_ns(node.duration_ns), style="dim")))
+        if is_internal_error(node.error):
+            segs.append(("  ", Text(f"stopped by PyTorch: {short_error(node.error or '')}", style="yellow")))
+        elif node.error is not None:
+            segs.append(("  ", Text(f"raised {short_error(node.error)}", style="red")))
+        return _pack(segs, self.width - col)
 
-    # -- tree --------------------------------------------------------------------------------
-    def add_children(self, branch: Tree, children: list[Any], parent: Optional[str], level: int) -> None:
-        """Add `children` to `branch`; `level` is the call depth they sit at (1 = outermost)."""
-        i, n = 0, len(children)
-        while i < n:
-            c = children[i]
-            if type(c) is not _Node:
-                branch.add(self.hook_line(c, parent))
-                i += 1
+    def add_children(self, branch: Tree, node: Node, level: int, col: int) -> None:
+        """Add `node`'s children to `branch`; `level` is the call depth they sit at (1 = outermost),
+        `col` the column their labels start at."""
+        parent = node.module if node.kind in ("call", "group") else None
+        children = node.children
+        hidden: list[Node] = []
+        for item, same in ct.runs(children, self.expand):
+            if type(item) is not Node:
+                if hidden:
+                    branch.add(self.hidden_line(hidden, col))
+                    hidden = []
+                if type(item) is SavedTensors:
+                    branch.add(self.saved_line(item, col))
+                else:
+                    branch.add(self.hook_line(item, parent, col))
                 continue
-            j = i + 1
             if self.depth is not None and level > self.depth:
-                while j < n and type(children[j]) is _Node:
-                    j += 1
-                branch.add(self.hidden_line(children[i:j]))
-                i = j
+                hidden += [item, *same]
                 continue
-            if not self.expand:
-                while j < n and type(children[j]) is _Node and children[j].sig == c.sig:
-                    j += 1
-            sub = branch.add(self.node_label(c))
-            self.add_children(sub, c.children, c.module, level + 1)
-            if j - i > 1:
-                branch.add(self.collapsed_line(children[i + 1 : j]))
-            i = j
+            if hidden:
+                branch.add(self.hidden_line(hidden, col))
+                hidden = []
+            sub = branch.add(self.node_label(item, col))
+            self.add_children(sub, item, level + 1, col + GUIDE)
+            if same:
+                branch.add(self.collapsed_line(same, col))
+        if hidden:
+            branch.add(self.hidden_line(hidden, col))
 
-    def hidden_line(self, nodes: list[_Node]) -> Text:
+    def hidden_line(self, nodes: list[Node], col: int) -> Text:
         hooks = sum(x.hooks for x in nodes)
         calls = sum(x.calls for x in nodes)
-        groups = len(nodes)
-        what = (
-            f"{calls} call{'s' if calls != 1 else ''}"
-            if calls
-            else f"{groups} group{'s' if groups != 1 else ''}"
-        )
-        return Text(f"… {what} deeper than depth {self.depth} ({hooks} hook events)", style="dim italic")
+        what = plural(calls, "call") if calls else plural(len(nodes), "group")
+        segs = [
+            ("", Text(f"… {what} deeper than depth {self.depth}")),
+            (" ", Text(f"({plural(hooks, 'hook event')})")),
+        ]
+        text = _pack(segs, self.width - col)
+        text.stylize("dim italic")
+        return text
 
-    def collapsed_line(self, nodes: list[_Node]) -> Text:
+    def collapsed_line(self, nodes: list[Node], col: int) -> Text:
         first, last = nodes[0], nodes[-1]
-        names = (
-            [_label_name(first)] if first.module == last.module else [_label_name(first), _label_name(last)]
-        )
-        hooks = sum(x.hooks for x in nodes)
-        line = Text(f"×{len(nodes)} more with the same order", style="italic")
-        span = " … ".join(names)
-        line.append(f" ({span}, #{first.first_seq}–#{last.last_seq}, {hooks} hook events)", style="dim")
-        return line
+        names = [module_name(first.module)]
+        if last.module != first.module:
+            names.append(module_name(last.module))
+        segs = [
+            ("", Text(f"×{len(nodes)} more with the same order", style="italic")),
+            (" ", Text(f"({' … '.join(names)},", style="dim")),
+            (" ", Text(f"#{first.first_seq}–#{last.last_seq},", style="dim")),
+            (" ", Text(f"{plural(sum(x.hooks for x in nodes), 'hook event')})", style="dim")),
+        ]
+        return _pack(segs, self.width - col)
+
+    def phase_label(self, phase: Node) -> Text:
+        label = Text(safe_text(PHASE_TITLES.get(phase.phase, phase.phase)), style="bold underline")
+        label.append(f"  {plural(phase.hooks, 'hook event')}", style="dim")
+        return label
+
+    def tree(self) -> Tree:
+        root = Text("hooktrace", style="bold")
+        if self.meta.target:
+            root.append(f" {safe_text(self.meta.target)}")
+        if self.meta.rank is not None:
+            root.append(f" (rank {self.meta.rank} of {self.meta.world_size})", style="dim")
+        out = Tree(root, guide_style="dim")
+        steps = self.ctree.steps
+        if len({e.step for e in self.ctree.events}) == 1:
+            for phase in steps[0].children:
+                self.add_children(out.add(self.phase_label(phase)), phase, 1, 2 * GUIDE)  # type: ignore[arg-type]
+            return out
+        for step, same in ct.runs(steps, self.expand):
+            label = Text(f"step {step.step}", style="bold")
+            if self.times and step.step == 0:
+                label.append(f"  ({WARM_UP})", style="dim")
+            branch = out.add(label)
+            for phase in step.children:
+                self.add_children(branch.add(self.phase_label(phase)), phase, 1, 3 * GUIDE)
+            if same:
+                span = f"step {same[0].step}" + (f" … step {same[-1].step}" if len(same) > 1 else "")
+                line = Text(f"×{len(same)} more step{'s' if len(same) > 1 else ''} with the same order",
+                            style="italic")  # fmt: skip
+                line.append(f" ({span})", style="dim")
+                out.add(line)
+        return out
 
 
-def _short_error(error: str) -> str:
-    """`"ExceptionType: "` (no message) reads as just the type."""
-    return error.rstrip().rstrip(":")
+class TreeView:
+    """The tree, the surprises and a summary line; a rich renderable laid out for the width it is
+    printed at (the terminal's, or `tree_text`'s)."""
+
+    def __init__(self, trace: Trace, tree: CallTree, surprises: list[Any], hidden_info: int, *,
+                 expand: bool, times: bool, depth: Optional[int], empty: Optional[str]) -> None:  # fmt: skip
+        self.trace = trace
+        self.calltree = tree
+        self.surprises = surprises
+        self.hidden_info = hidden_info
+        self.expand = expand
+        self.times = times
+        self.depth = depth
+        self.empty = empty
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from self.parts(options.max_width)
+
+    def parts(self, width: int) -> Iterator[RenderableType]:
+        if self.empty is not None:
+            yield Text(self.empty, style="bold")
+        elif not self.calltree.steps:
+            calls = sum(1 for e in self.calltree.events if e.type == "enter")
+            yield Text(f"No hooks fired ({calls} module calls traced, none ran a hook).", style="bold")
+        else:
+            yield _Drawer(self.calltree, width=width, expand=self.expand, times=self.times,
+                          depth=self.depth).tree()  # fmt: skip
+        if self.surprises:
+            yield _surprise_panel(self.surprises, self.expand, self.hidden_info)
+        elif self.hidden_info:
+            yield Text(info_line(self.hidden_info), style="dim")
+        if self.calltree.events:
+            yield _summary(self, width)
 
 
-def _label_name(node: _Node) -> str:
-    if node.module is None:
-        return "tensor hooks"
-    return node.module or ROOT
-
-
-def _badges(h: Optional[Hook], e: Event) -> list[str]:
-    out: list[str] = []
-    if h is not None:
-        if h.prepend:
-            out.append("prepend" if h.prepend_source != "inferred" else "prepend inferred")
-        if h.scope == "global":
-            out.append("global")
-        if h.with_kwargs:
-            out.append("kwargs")
-        if h.always_call:
-            out.append("always")
-    if e.returned:
-        out.append("returned")
-    if e.error is not None:
-        out.append("error")
-    return out
-
-
-def _ordered(events: list[Event]) -> list[Event]:
-    seqs = [e[0] for e in events]
-    if all(map(operator.lt, seqs, seqs[1:])):
-        return events
-    return sorted(events, key=operator.itemgetter(0))
-
-
-def _summary(events: list[Event], ctx: _Context, n_steps: int, n_surprises: int, *, times: bool) -> Text:
-    types = Counter(map(operator.attrgetter("type"), events))
-    hook_events, calls = types["hook"], types["enter"]
-    hook_ids = set(map(operator.attrgetter("hook"), events)) - {None}
-    modules = set(map(operator.attrgetter("module"), events)) - {None}
+def _summary(view: TreeView, width: int) -> Text:
+    events = view.calltree.events
+    types = Counter(e.type for e in events)
+    hook_ids = {e.hook for e in events if e.type == "hook"}
+    modules = {e.module for e in events} - {None}
+    steps = {e.step for e in events}
     parts = [
-        f"{len(hook_ids)} hook{'s' if len(hook_ids) != 1 else ''} fired ({hook_events} hook events)",
-        f"{calls} module call{'s' if calls != 1 else ''}",
-        f"{len(modules)} module{'s' if len(modules) != 1 else ''}",
+        f"{plural(len(hook_ids), 'hook')} fired ({plural(types['hook'], 'hook event')})",
+        plural(types["enter"], "module call"),
+        plural(len(modules), "module"),
     ]
-    if n_steps > 1:
-        parts.append(f"{n_steps} steps")
-    parts.append(f"{n_surprises} surprise{'s' if n_surprises != 1 else ''}")
-    if times and events:
-        starts = list(map(operator.attrgetter("start_ns"), events))
-        ends = map(operator.add, starts, map(operator.attrgetter("duration_ns"), events))
-        parts.append(f"{_fmt_ns(max(ends) - min(starts))} total")
-    return Text(", ".join(parts), style="bold")
+    if len(steps) > 1:
+        parts.append(plural(len(steps), "step"))
+    n = len(view.surprises)
+    parts.append(plural(n, "surprise") + (f" (+{view.hidden_info} info)" if view.hidden_info else ""))
+    if view.times and events:
+        total = max(e.start_ns + e.duration_ns for e in events) - min(e.start_ns for e in events)
+        parts.append(f"{fmt_ns(total)} total" + (f" ({WARM_UP})" if 0 in steps else ""))
+    segs = [("", Text(parts[0]))] + [(" ", Text(p)) for p in parts[1:]]
+    for i in range(len(segs) - 1):
+        segs[i][1].append(",")
+    text = _pack(segs, width)
+    text.stylize("bold")
+    return text
 
 
 _NUMBERED = re.compile(r"(?<=\.)\d+\b|\b\d+(?=\.[A-Za-z_])|(?<=#)\d+")
@@ -455,21 +313,38 @@ def _group_surprises(surprises: list[Any], expand: bool) -> list[tuple[Any, int]
     return [(first, count - 1) for first, count in groups.values()]
 
 
-def _surprise_panel(surprises: list[Any], expand: bool) -> Panel:
+def _surprise_panel(surprises: list[Any], expand: bool, hidden_info: int) -> Panel:
     body = Text()
     for i, (s, alike) in enumerate(_group_surprises(surprises, expand)):
         if i:
             body.append("\n")
-        body.append(s.rule, style="bold yellow")
-        body.append(f": {s.message}")
+        body.append(safe_text(s.rule), style="bold yellow")
+        body.append(f": {safe_text(s.message)}")
         if s.events:
             shown = " ".join(f"#{q}" for q in s.events[:6])
             more = f" (+{len(s.events) - 6} more)" if len(s.events) > 6 else ""
             body.append(f"  [see {shown}{more}]", style="dim")
         if alike:
             body.append(f"\n  ×{alike} more like this for other numbered modules", style="italic")
-    title = f"{len(surprises)} surprise{'s' if len(surprises) != 1 else ''}"
-    return Panel(body, title=title, title_align="left", border_style="yellow", expand=True)
+    if hidden_info:
+        body.append(f"\n{info_line(hidden_info)}", style="dim")
+    return Panel(body, title=plural(len(surprises), "surprise"), title_align="left", border_style="yellow",
+                 expand=True)  # fmt: skip
+
+
+def resolve_module(trace: Trace, module: str) -> str:
+    """The module path `module` names (`<root>` is the root); RenderError with the closest paths
+    when the trace has no such module."""
+    if module == ROOT:
+        return ""
+    paths = [m.path for m in trace.modules] or sorted({e.module for e in trace.events} - {None})
+    if module in paths or any(ct.contains(module, p) for p in paths):
+        return module
+    ends = [p for p in paths if p.endswith("." + module)]
+    close = ends[:3] or difflib.get_close_matches(module, paths, n=3)
+    hint = f"; did you mean {' or '.join(repr(safe_text(p)) for p in close)}?" if close else ""
+    listed = ", ".join(repr(module_name(p)) for p in paths[:6]) + (", …" if len(paths) > 6 else "")
+    raise RenderError(f"no module {safe_text(module)!r} in this trace{hint} (modules: {listed})")
 
 
 def build_tree(
@@ -481,142 +356,63 @@ def build_tree(
     expand: bool = False,
     times: bool = True,
     show_empty: bool = False,
-) -> Group:
+    all_surprises: bool = False,
+) -> TreeView:
     """The tree, the surprises panel and a one-line summary, as one rich renderable.
 
     depth: module calls nested deeper than this are summarised in one line. module: only calls and
-    hooks of this module path and its descendants. phase: only this phase. expand: do not collapse
-    repeated identical siblings. times: show durations. show_empty: keep calls where no hook fired.
+    hooks of this module path (`<root>` for the root) and its descendants. phase: only this phase.
+    expand: do not collapse repeated identical siblings, list saved-tensor hooks one by one.
+    times: show durations. show_empty: keep calls where no hook fired. all_surprises: list `info`
+    surprises too (else they are counted in one line).
     """
     if phase is not None and phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}; expected one of {', '.join(PHASES)}")
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be 0 or more, got {depth}")
-    ctx = _Context(trace, expand=expand, times=times, show_empty=show_empty, depth=depth)
+    if module is not None and trace.events:
+        module = resolve_module(trace, module)
     with gc_paused():
-        return _build(trace, ctx, module, phase)
+        tree = ct.build(trace, module=module, phase=phase, expand=expand, show_empty=show_empty)
+    filtered = phase is not None or module is not None
+    shown, hidden = split_surprises(_relevant(trace, tree.events, filtered), all_surprises)
+    empty = _empty_message(trace, module, phase) if not tree.events else None
+    return TreeView(trace, tree, shown, hidden, expand=expand, times=times, depth=depth, empty=empty)
 
 
-def _build(trace: Trace, ctx: _Context, module: Optional[str], phase: Optional[str]) -> Group:
-    builders: dict[tuple[str, int], _Builder] = {}
-    kept: list[Event] = []
-    b_key: Any = None
-    b = _Builder()
-    for e in _ordered(trace.events):
-        if phase is not None and e.phase != phase:
-            continue
-        mod = e.module if e.module is not None else ctx.module_of(e)
-        if module is not None and not _contains(module, mod):
-            continue
-        kept.append(e)
-        if b_key != (e.phase, e.step):
-            b_key = (e.phase, e.step)
-            b = builders.setdefault(b_key, _Builder())
-        if e.type == "enter":
-            b.enter(e)
-        elif e.type == "exit":
-            b.exit(e)
-        else:
-            b.hook(e, mod)
-
-    surprises = _relevant_surprises(trace, kept, filtered=phase is not None or module is not None)
-    steps = sorted({e.step for e in kept})
-    summary = _summary(kept, ctx, len(steps), len(surprises), times=ctx.times)
-    parts: list[RenderableType] = []
-    if not kept:
-        parts.append(Text(_empty_message(trace, module, phase), style="bold"))
-    else:
-        tree = _tree(trace, ctx, builders, steps)
-        if tree is None:
-            calls = sum(1 for e in kept if e.type == "enter")
-            parts.append(
-                Text(f"No hooks fired ({calls} module calls traced, none ran a hook).", style="bold")
-            )
-        else:
-            parts.append(tree)
-    if surprises:
-        parts.append(_surprise_panel(surprises, ctx.expand))
-    if kept:
-        parts.append(summary)
-    return Group(*parts)
-
-
-def _tree(trace: Trace, ctx: _Context, builders: dict[tuple[str, int], _Builder], steps: list[int]) -> Any:
-    root_label = Text("hooktrace", style="bold")
-    if trace.meta.target:
-        root_label.append(f" {trace.meta.target}")
-    if trace.meta.rank is not None:
-        root_label.append(f" (rank {trace.meta.rank} of {trace.meta.world_size})", style="dim")
-    tree = Tree(root_label, guide_style="dim")
-    shown = False
-    for ph in PHASES:
-        per_step = [(s, ctx.finish(builders[(ph, s)].roots)) for s in steps if (ph, s) in builders]
-        per_step = [(s, roots) for s, roots in per_step if roots]
-        if not per_step:
-            continue
-        shown = True
-        hooks = sum(r.hooks for _, roots in per_step for r in roots)
-        label = Text(PHASE_TITLES[ph], style="bold underline")
-        label.append(f"  {hooks} hook event{'s' if hooks != 1 else ''}", style="dim")
-        branch = tree.add(label)
-        if len(steps) == 1:
-            ctx.add_children(branch, per_step[0][1], None, 1)
-            continue
-        shapes = [ctx.intern(("s", tuple((r.module, r.sig) for r in roots))) for _, roots in per_step]
-        i = 0
-        while i < len(per_step):
-            j = i + 1
-            while not ctx.expand and j < len(per_step) and shapes[j] == shapes[i]:
-                j += 1
-            step, roots = per_step[i]
-            sub = branch.add(Text(f"step {step}", style="bold"))
-            ctx.add_children(sub, roots, None, 1)
-            if j - i > 1:
-                rest = per_step[i + 1 : j]
-                span = f"step {rest[0][0]}" + (f" … step {rest[-1][0]}" if len(rest) > 1 else "")
-                line = Text(f"×{len(rest)} more steps with the same order", style="italic")
-                line.append(f" ({span})", style="dim")
-                branch.add(line)
-            i = j
-    return tree if shown else None
-
-
-def _relevant_surprises(trace: Trace, kept: list[Event], *, filtered: bool) -> list[Any]:
+def _relevant(trace: Trace, kept: list[Event], filtered: bool) -> list[Any]:
     if not filtered:
         return list(trace.surprises)
     seqs = {e.seq for e in kept}
     hook_ids = {e.hook for e in kept if e.type == "hook"}
-    return [
-        s
-        for s in trace.surprises
-        if any(q in seqs for q in s.events) or (not s.events and any(h in hook_ids for h in s.hooks))
-    ]
+    return [s for s in trace.surprises
+            if any(q in seqs for q in s.events) or (not s.events and any(h in hook_ids for h in s.hooks))]  # fmt: skip
 
 
 def _empty_message(trace: Trace, module: Optional[str], phase: Optional[str]) -> str:
     if not trace.events:
-        n = len(trace.hooks)
-        return f"No events in this trace: nothing ran under capture ({n} hook{'s' if n != 1 else ''} known)."
+        return (
+            f"No events in this trace: nothing ran under capture ({plural(len(trace.hooks), 'hook')} known)."
+        )
     what = []
     if module is not None:
-        what.append(f"module {module!r}")
+        what.append(f"module {module_name(module)!r}")
     if phase is not None:
         what.append(f"phase {phase!r}")
-    hint = ""
-    if module is not None and not any(_contains(module, m.path) for m in trace.modules):
-        known = ", ".join(repr(m.path) for m in trace.modules[:6])
-        hint = f"; no such module (modules: {known}{', …' if len(trace.modules) > 6 else ''})"
-    return f"No events for {' and '.join(what)} in this trace{hint}."
+    return f"No events for {' and '.join(what)} in this trace."
 
 
 def tree_text(trace: Trace, *, width: int = 100, color: bool = False, **opts: Any) -> str:
-    """The tree as text: plain (color=False, as when piped) or with ANSI colours."""
+    """The tree as text: plain (color=False, as when piped) or with ANSI colours.
+
+    Always the text, also inside a Jupyter kernel (rich would otherwise send it to the notebook)."""
     out = io.StringIO()
     console = Console(
         file=out,
         width=width,
         color_system="truecolor" if color else None,
         force_terminal=color,
+        force_jupyter=False,
         no_color=not color,
         highlight=False,
         emoji=False,

@@ -1,0 +1,141 @@
+"""The words every rendering uses: badges, phase titles, times and locations, from one table.
+
+The tree, DOT/SVG, Chrome and the notebook all call these, so a hook flagged `prepend` reads the
+same everywhere (SPEC §5), and every word is passed through `safe_text` where it may come from user
+code or a file. No rich, no graphviz here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional
+
+from ..schema import ROOT, Event, Hook, Meta
+from .safe import safe_text
+
+# badge -> the word shown. The flags' own names (PyTorch's register_* arguments), so a user can
+# search for them; `prepend` and `global` are SPEC words.
+BADGES = {
+    "prepend": "prepend",
+    "prepend_inferred": "prepend (inferred)",
+    "global": "global",
+    "with_kwargs": "with_kwargs",
+    "always_call": "always_call",
+    "registered_during_run": "registered during run",
+    "returned": "returned",
+    "error": "error",
+}
+
+PHASE_TITLES = {
+    "forward": "forward",
+    "backward": "backward",
+    "recompute": "recompute (forward again during backward)",
+    "optimizer": "optimizer (optimizer.step)",
+    "other": "other",
+}
+
+WARM_UP = "times include first-call warm-up"
+INFO_HINT = "--all-surprises shows them"
+
+
+def badges(h: Optional[Hook], events: Iterable[Event] = ()) -> list[str]:
+    """Badge words for hook `h` (None when the trace does not know it) fired as `events`."""
+    out: list[str] = []
+    if h is not None:
+        if h.prepend:
+            out.append(BADGES["prepend_inferred" if h.prepend_source == "inferred" else "prepend"])
+        if h.scope == "global":
+            out.append(BADGES["global"])
+        if h.with_kwargs:
+            out.append(BADGES["with_kwargs"])
+        if h.always_call:
+            out.append(BADGES["always_call"])
+        if h.registered_during_run:
+            out.append(BADGES["registered_during_run"])
+    events = list(events)
+    if any(e.returned for e in events):
+        out.append(BADGES["returned"])
+    if any(e.error is not None for e in events):
+        out.append(BADGES["error"])
+    return out
+
+
+def hook_name(h: Optional[Hook], hook_id: Optional[int]) -> str:
+    return safe_text(h.name) if h is not None else f"<unknown hook {hook_id}>"
+
+
+def module_name(path: Optional[str]) -> str:
+    """How a module path is shown: the root as `<root>`, hooks of no module as `no module`."""
+    if path is None:
+        return "no module"
+    return ROOT if path == "" else safe_text(path)
+
+
+def short_error(error: str) -> str:
+    """`"ExceptionType: message"`, or just the type when the message is empty; one line."""
+    return safe_text(error.rstrip().rstrip(":"))
+
+
+def fmt_ns(ns: int) -> str:
+    if ns < 1_000:
+        return f"{ns}ns"
+    if ns < 1_000_000:
+        return f"{ns / 1_000:.1f}µs"
+    if ns < 1_000_000_000:
+        return f"{ns / 1_000_000:.2f}ms"
+    return f"{ns / 1_000_000_000:.2f}s"
+
+
+def factory_file(meta: Meta) -> Optional[str]:
+    """The file of the factory in `meta.target` (`FILE.py:NAME` or `package.module:NAME`), as it
+    appears in `defined_at`; None when there is no target."""
+    target = meta.target
+    if not target:
+        return None
+    head = target.rsplit(":", 1)[0] if ":" in target else target
+    if head.endswith(".py"):
+        return head
+    return head.replace(".", "/") + ".py"
+
+
+def location(defined_at: Optional[str], meta: Meta) -> str:
+    """`defined_at` as shown: only the file's name when it is the factory's own file."""
+    if not defined_at:
+        return ""
+    own = factory_file(meta)
+    if own is not None:
+        file, _, line = defined_at.rpartition(":")
+        if file == own or file.endswith("/" + own):
+            return safe_text(f"{own.rsplit('/', 1)[-1]}:{line}")
+    return safe_text(defined_at)
+
+
+def title_target(meta: Meta) -> str:
+    """`meta.target` for a title: an absolute path cut to its file name."""
+    target = meta.target or ""
+    head, sep, name = target.rpartition(":") if ":" in target else (target, "", "")
+    if head.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", head):
+        head = re.split(r"[\\/]", head)[-1]
+    return safe_text(head + sep + name)
+
+
+def plural(n: int, word: str, many: Optional[str] = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def surprise_level(s: object) -> str:
+    """`warn` or `info` (traces written before levels existed: `warn`)."""
+    return getattr(s, "level", None) or "warn"
+
+
+def split_surprises(surprises: list, all_surprises: bool = False) -> tuple[list, int]:
+    """(the surprises to show, how many `info` ones are only counted): every `warn` is shown;
+    `info` ones only when `all_surprises`."""
+    if all_surprises:
+        return list(surprises), 0
+    shown = [s for s in surprises if surprise_level(s) != "info"]
+    return shown, len(surprises) - len(shown)
+
+
+def info_line(hidden: int) -> str:
+    return f"+{hidden} about library hooks; {INFO_HINT}"
