@@ -241,7 +241,7 @@ def test_raising_hook_exits_1_with_partial_trace_written(tmp_path: Path) -> None
 def test_raising_hook_tree_still_rendered() -> None:
     code, out, err = invoke("run", str(SAMPLES / "always_call.py"))
     assert code == 1
-    assert "release_resources [always]" in out
+    assert "release_resources [always_call]" in out
     assert "run failed: module 'flaky' raised RuntimeError: flaky layer failed on purpose" in err
     assert sys.modules["always_call"].CALLS == ["before", "release_resources"]
 
