@@ -1,17 +1,187 @@
-"""The bytes of hooktrace: atomic file writes, and trace files (SPEC §4) read and written.
+"""The bytes of hooktrace: trace documents (SPEC §4) to and from JSON files, the column layout of
+version 2, bounded gzip, and atomic file writes.
 
-Nothing else in hooktrace opens a file for writing or encodes a trace.
+Nothing else in hooktrace encodes or decodes a trace or replaces a file. This module knows the
+layout, not the fields' meaning: `schema` checks the values and builds the objects.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
+import io
 import os
 import secrets
 import stat
-from typing import IO, Callable, Union
+import zlib
+from typing import IO, Any, Callable, Iterable, Sequence, Union
+
+import orjson
 
 Writer = Callable[[IO[bytes]], object]
+PathLike = Union[str, "os.PathLike[str]"]
+
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_LEVEL = 1  # `save("x.json.gz")`: the fastest level; trace JSON compresses well even so
+# A `.json.gz` may inflate to at most max(INFLATE_FLOOR, INFLATE_RATIO x its own size), and never
+# past INFLATE_CAP: real traces compress 5-30x; a gzip bomb compresses about 1000x.
+INFLATE_FLOOR = 64 << 20
+INFLATE_RATIO = 100
+INFLATE_CAP = 2 << 30
+_READ_CHUNK = 1 << 20
+_TRANSPOSE_ROWS = 4096  # measured on 1M events: 0.34 s against 0.43 s for zip(*rows) at once
+SHORT = 60  # characters of a value from a file echoed in an error message
+
+
+class TraceFormatError(ValueError):
+    """A file or dict that is not a hooktrace trace of a version this code reads."""
+
+
+def short(value: Any) -> str:
+    """`repr(value)` cut to SHORT characters, for error messages that echo what a file holds."""
+    if isinstance(value, (str, bytes)) and len(value) > SHORT:
+        value = value[:SHORT]
+        return repr(value) + "..."
+    text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return text if len(text) <= SHORT else text[:SHORT] + "..."
+
+
+# -- JSON --------------------------------------------------------------------------------------------------
+def dumps(data: Any) -> bytes:
+    """Compact JSON bytes (orjson)."""
+    return orjson.dumps(data)
+
+
+def loads(raw: Union[bytes, bytearray, memoryview, str]) -> Any:
+    """JSON from bytes; a repeated key keeps its last value, whatever the document's size."""
+    return orjson.loads(raw)
+
+
+def read_json(path: PathLike) -> Any:
+    """The JSON document in a file, plain or gzip-compressed (recognised by content, not name)."""
+    name = os.fspath(path)
+    with open(name, "rb") as fh:
+        raw: Union[bytes, bytearray] = fh.read()
+    if raw[:2] == GZIP_MAGIC:
+        raw = inflate(raw, name)
+    try:
+        return loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TraceFormatError(f"{name} is not valid JSON: {exc}") from None
+
+
+def inflate(raw: bytes, name: str = "input") -> bytearray:
+    """gzip `raw`, inflated a chunk at a time and refused (TraceFormatError) past the bound above,
+    so a gzip bomb costs no more memory than the bound."""
+    bound = min(INFLATE_CAP, max(INFLATE_FLOOR, INFLATE_RATIO * len(raw)))
+    out = bytearray()
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw), mode="rb") as fh:
+            while True:
+                chunk = fh.read(_READ_CHUNK)
+                if not chunk:
+                    return out
+                out += chunk
+                if len(out) > bound:
+                    raise TraceFormatError(
+                        f"{name} inflates to more than {bound >> 20} MiB from {len(raw):,} compressed bytes; "
+                        "hooktrace refuses it as a likely gzip bomb (a real trace compresses at most "
+                        f"{INFLATE_RATIO}x): check where the file came from"
+                    )
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceFormatError(f"{name} is not a readable gzip file: {exc}") from None
+
+
+def write_json(path: PathLike, data: Any) -> None:
+    """`data` as compact JSON and a newline, atomically; gzip-compressed when the name ends in .gz."""
+    raw = dumps(data) + b"\n"
+    if not os.fspath(path).endswith(".gz"):
+        write_atomic(path, raw)
+        return
+
+    def packed(fh: IO[bytes]) -> None:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=fh, compresslevel=GZIP_LEVEL, mtime=0) as out:
+            out.write(raw)
+
+    write_atomic(path, packed)
+
+
+# -- version 2 columns -----------------------------------------------------------------------------------
+def to_columns(
+    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]
+) -> dict[str, Any]:
+    """`{"count", "columns", "tables"}` of rows of len(fields) values: the fields in `indexed` hold
+    indices into a table of their distinct values (first seen first; null stays null)."""
+    if rows and set(map(len, rows)) != {len(fields)}:
+        bad = next(i for i, r in enumerate(rows) if len(r) != len(fields))
+        raise TraceFormatError(f"events[{bad}] has {len(rows[bad])} values, expected {len(fields)}")
+    columns: dict[str, list[Any]] = {f: [] for f in fields}
+    parts = list(columns.values())
+    for start in range(0, len(rows), _TRANSPOSE_ROWS):  # slices: the transposition stays in the CPU caches
+        for column, part in zip(parts, zip(*rows[start : start + _TRANSPOSE_ROWS])):
+            column.extend(part)
+    tables: dict[str, list[Any]] = {}
+    for name in indexed:
+        values = columns[name]
+        table = [v for v in dict.fromkeys(values) if v is not None]
+        index: dict[Any, Any] = {v: i for i, v in enumerate(table)}
+        index[None] = None
+        columns[name] = list(map(index.__getitem__, values))
+        tables[name] = table
+    return {"count": len(rows), "columns": columns, "tables": tables}
+
+
+def from_columns(
+    data: Any,
+    fields: Sequence[str],
+    required_tables: Sequence[str],
+    optional_tables: Sequence[str] = (),
+    nullable: Iterable[str] = (),
+) -> list[list[Any]]:
+    """The columns of a `to_columns` document, in `fields` order, indices replaced by table values.
+    Checks the layout (every column a list of `count` values; indices ints in range, or null in the
+    `nullable` columns); the values themselves are the caller's to check."""
+    if not isinstance(data, dict) or set(data) != {"count", "columns", "tables"}:
+        raise TraceFormatError('"events" must be an object with the keys "count", "columns" and "tables"')
+    count, columns, tables = data["count"], data["columns"], data["tables"]
+    if type(count) is not int or count < 0:
+        raise TraceFormatError(f'"events"."count" must be a non-negative integer, got {short(count)}')
+    if not isinstance(columns, dict) or set(columns) != set(fields):
+        got = sorted(columns) if isinstance(columns, dict) else type(columns).__name__
+        raise TraceFormatError(
+            f'"events"."columns" must have exactly the columns {", ".join(fields)}; got {short(got)}'
+        )
+    if not isinstance(tables, dict) or not set(required_tables) <= set(tables) <= {
+        *required_tables,
+        *optional_tables,
+    }:
+        raise TraceFormatError(f'"events"."tables" must have the tables {", ".join(required_tables)}')
+    out = []
+    for name in fields:
+        column = columns[name]
+        if not isinstance(column, list) or len(column) != count:
+            raise TraceFormatError(f'events column "{name}" must be a list of {count} values')
+        if name in tables:
+            column = _decode(name, column, tables[name], name in nullable)
+        out.append(column)
+    return out
+
+
+def _decode(name: str, column: list[Any], table: Any, nullable: bool) -> list[Any]:
+    if not isinstance(table, list):
+        raise TraceFormatError(f'events table "{name}" must be a list')
+    allowed = {int, type(None)} if nullable else {int}
+    if not set(map(type, column)) <= allowed:
+        bad = next(v for v in column if type(v) not in allowed)
+        raise TraceFormatError(f'events column "{name}" holds {short(bad)}; expected indices into its table')
+    lookup: dict[Any, Any] = dict(enumerate(table))
+    lookup[None] = None
+    try:
+        return list(map(lookup.__getitem__, column))
+    except KeyError as exc:
+        raise TraceFormatError(
+            f'events column "{name}" holds index {short(exc.args[0])}, outside its table of {len(table)}'
+        ) from None
 
 
 def write_atomic(path: Union[str, os.PathLike[str]], data: Union[bytes, str, Writer]) -> None:

@@ -1,50 +1,45 @@
 """The trace data: what capture records and every renderer and analysis reads (SPEC §4).
 
-This module never imports torch, so `hooktrace render` and `hooktrace diff` start fast and
-renderers can be tested with hand-built traces.
+`Trace`, `Hook`, `Event`, `Module`, `Meta`, `Surprise`; the checks a document must pass to become
+a Trace (every field's type, references between hooks, events and surprises); `is_internal_error`.
+The bytes (JSON, gzip, the column layout of version 2) are `io`'s. This module never imports torch
+nor anything above it, so `hooktrace render` and `diff` start fast and renderers can be tested with
+hand-built traces.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
-import gzip
-import json
 import operator
 import os
-import zlib
-from dataclasses import asdict, dataclass, field, fields
-from typing import IO, Any, Iterable, Iterator, NamedTuple, Optional
+from dataclasses import dataclass, field, fields
+from itertools import compress, repeat
+from typing import IO, Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
-from .io import write_atomic
+from .io import TraceFormatError, dumps, from_columns, read_json, short, to_columns, write_json
 from .kinds import (  # noqa: F401  (re-exported: the groups analysis and capture import from here)
+    EVENT_TYPES,
     FORWARD_KINDS,
     KINDS,
     MODULE_KINDS,
     PHASES,
     REGISTRATION_KINDS,
+    SCOPES,
     STATE_DICT_KINDS,
     TENSOR_KINDS,
 )
 
-try:  # optional speed-up for large traces: pip install hooktrace[fast]
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
-
 FORMAT = "hooktrace.trace"
 ROOT = "<root>"  # how the root module (path "") is shown, and named in `tensor` ("output of <root>")
-VERSION = 1
-
-
-# Slices small enough to stay in the CPU caches (measured on 1M events: 1024 events saved 1.8 s vs
-# 2.4 s with 4096; 64 KiB loaded 3.6 s vs 4.6 s with 1 MiB and 6-7 s for the whole document at once).
-SAVE_CHUNK = 1024  # events encoded at a time by `save`
-LOAD_CHUNK_BYTES = 1 << 16  # `load` decodes the events of larger files about this many bytes at a time
-GZIP_MAGIC = b"\x1f\x8b"
-GZIP_LEVEL = 1  # `save("x.json.gz")`: fastest level; trace JSON compresses well even so
-
+VERSION = 2  # what `save` and `to_dict` write
+READS = (1, 2)  # the versions `load` and `from_dict` read
+# Version 2 event columns that hold indices into a table: the SPEC's four, and `thread` (see README).
+INDEXED = ("type", "phase", "kind", "module", "thread")
+SURPRISE_LEVELS = ("warn", "info")
+PREPEND_SOURCES = ("registration", "inferred")
 
 # PyTorch raises this inside a checkpoint recompute to stop it early, and catches it itself: recorded
 # on the module's `exit` event, it is not an error of the run (SPEC §2).
@@ -56,8 +51,17 @@ def is_internal_error(error: Optional[str]) -> bool:
     return bool(error) and error.split(":", 1)[0] in PYTORCH_INTERNAL_ERRORS
 
 
-class TraceFormatError(ValueError):
-    """A file or dict that is not a hooktrace trace of a version this code reads."""
+__all__ = [
+    "Event",
+    "Hook",
+    "Meta",
+    "Module",
+    "Surprise",
+    "Trace",
+    "TraceFormatError",
+    "is_internal_error",
+    "load",
+]
 
 
 class Event(NamedTuple):
@@ -66,7 +70,7 @@ class Event(NamedTuple):
     seq: int
     step: int
     type: str  # "hook" | "enter" | "exit"
-    phase: str  # "forward" | "backward" | "recompute" | "other"
+    phase: str  # "forward" | "backward" | "recompute" | "optimizer" | "other"
     module: Optional[str]
     hook: Optional[int]
     kind: Optional[str]
@@ -107,6 +111,7 @@ class Surprise:
     message: str
     hooks: list[int] = field(default_factory=list)
     events: list[int] = field(default_factory=list)
+    level: str = "warn"  # "warn" | "info"; version 1 files have none: "warn"
 
 
 @dataclass
@@ -127,85 +132,170 @@ class Meta:
     world_size: Optional[int] = None
 
 
+def _record(obj: Any) -> dict[str, Any]:
+    """The JSON object of a Meta, Module or Hook (their fields are plain values; faster than asdict)."""
+    return {name: getattr(obj, name) for name in _field_names(type(obj))}
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+# -- field checks -------------------------------------------------------------------------------------------
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {  # annotation -> (check, what it wants)
+    "int": (_is_int, "an integer"),
+    "str": (lambda v: type(v) is str, "a string"),
+    "bool": (lambda v: type(v) is bool, "true or false"),
+    "Optional[str]": (lambda v: v is None or type(v) is str, "a string or null"),
+    "Optional[int]": (lambda v: v is None or type(v) is int, "an integer or null"),
+    "list[int]": (lambda v: type(v) is list and all(map(_is_int, v)), "a list of integers"),
+}
+_CHOICES: dict[tuple[type, str], tuple[Any, ...]] = {
+    (Hook, "kind"): KINDS,
+    (Hook, "scope"): SCOPES,
+    (Hook, "prepend_source"): (None, *PREPEND_SOURCES),
+    (Surprise, "level"): SURPRISE_LEVELS,
+}
+
+
 def _build(cls: type, data: Any, what: str) -> Any:
-    """Dataclass from a dict, with a clear error for missing or unknown keys."""
+    """A dataclass from its JSON object: every field of the right type (TraceFormatError if not)."""
     if not isinstance(data, dict):
-        raise TraceFormatError(f"{what} must be an object, got {type(data).__name__}")
-    names = {f.name for f in fields(cls)}
-    unknown = set(data) - names
+        raise TraceFormatError(f"{what} must be an object, got {short(data)}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = [k for k in data if k not in known]
     if unknown:
-        raise TraceFormatError(f"{what} has unknown field(s): {', '.join(sorted(unknown))}")
-    try:
-        return cls(**data)
-    except TypeError as exc:
-        raise TraceFormatError(f"{what}: {exc}") from None
+        names = ", ".join(short(k) for k in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise TraceFormatError(f"{what} has unknown field(s): {names}")
+    for name, f in known.items():
+        if name not in data:
+            if f.default is f.default_factory:  # both MISSING: a required field
+                raise TraceFormatError(f"{what} is missing the field {name!r}")
+            continue
+        value = data[name]
+        check, wanted = _CHECKS[f.type]  # type: ignore[index]
+        if not check(value):
+            raise TraceFormatError(f"{what}.{name} must be {wanted}, got {short(value)}")
+        choices = _CHOICES.get((cls, name))
+        if choices is not None and value not in choices:
+            raise TraceFormatError(
+                f"{what}.{name} is {short(value)}; expected one of {', '.join(map(str, choices))}"
+            )
+    return cls(**data)
 
 
+_INT, _STR = {int}, {str}
+_OR_NULL = type(None)
+_COLUMN_TYPES = {  # the Python types each event column may hold
+    "seq": _INT,
+    "step": _INT,
+    "type": _STR,
+    "phase": _STR,
+    "module": {str, _OR_NULL},
+    "hook": {int, _OR_NULL},
+    "kind": {str, _OR_NULL},
+    "thread": _INT,
+    "start_ns": _INT,
+    "duration_ns": _INT,
+    "returned": {bool},
+    "error": {str, _OR_NULL},
+}
+_COLUMN_VALUES = {"type": set(EVENT_TYPES), "phase": set(PHASES), "kind": {*KINDS, None}}
 _event_fields = operator.itemgetter(*EVENT_FIELDS)
 
 
-def _events(items: list) -> list[Event]:
-    """Events from their JSON objects: a C-level field pick per event; the slow path explains errors."""
-    events = _events_fast(items)
-    if events is None:
-        return [_event(e, i) for i, e in enumerate(items)]
-    return events
+def _check_values(name: str, values: list[Any]) -> None:
+    """Every value of one event column (or version 2 table) has its field's type and allowed value."""
+    wanted = _COLUMN_TYPES[name]
+    if not set(map(type, values)) <= wanted:
+        bad = next(v for v in values if type(v) not in wanted)
+        raise TraceFormatError(f'event field "{name}" holds {short(bad)}; expected {_type_words(wanted)}')
+    allowed = _COLUMN_VALUES.get(name)
+    if allowed is not None and not set(values) <= allowed:
+        bad = next(v for v in values if v not in allowed)
+        raise TraceFormatError(
+            f'event field "{name}" holds {short(bad)}; expected one of {", ".join(sorted(map(str, allowed)))}'
+        )
 
 
-def _events_fast(items: list) -> Optional[list[Event]]:
-    """Events from JSON objects that all have exactly the twelve fields, or None (then the caller
-    takes the slow path). No per-event Python code: the whole pass is `map` over C functions."""
-    try:
-        if items and set(map(len, items)) != {len(EVENT_FIELDS)}:
-            return None
-        return list(map(_make_event, map(_event_fields, items)))
-    except (KeyError, TypeError):  # a field missing or misnamed, or an event that is not an object
-        return None
+def _type_words(types: set[type]) -> str:
+    words = {int: "integers", str: "strings", bool: "true/false", _OR_NULL: "null"}
+    return " or ".join(words[t] for t in (int, str, bool, _OR_NULL) if t in types)
 
 
-_make_event = functools.partial(tuple.__new__, Event)  # Event._make is a Python function in 3.11
-
-
-def _event_dicts(events: Iterable[Event]) -> list[dict[str, Any]]:
-    """The SPEC objects of `events`: a dict literal per event (faster than dict(zip(...)))."""
-    try:
-        return [
-            {
-                "seq": seq,
-                "step": step,
-                "type": type_,
-                "phase": phase,
-                "module": module,
-                "hook": hook,
-                "kind": kind,
-                "thread": thread,
-                "start_ns": start_ns,
-                "duration_ns": duration_ns,
-                "returned": returned,
-                "error": error,
-            }
-            for seq, step, type_, phase, module, hook, kind, thread, start_ns, duration_ns, returned, error in events
-        ]
-    except (TypeError, ValueError):  # not 12-tuples (hand-built traces): pair what there is
-        return [dict(zip(EVENT_FIELDS, e)) for e in events]
-
-
-def _event(data: Any, index: int) -> Event:
-    if isinstance(data, dict):
+def _v1_columns(items: list[Any]) -> list[list[Any]]:
+    """Columns of version 1 events (one object of exactly the twelve fields each)."""
+    if not items:
+        return [[] for _ in EVENT_FIELDS]
+    if set(map(type, items)) == {dict} and set(map(len, items)) == {len(EVENT_FIELDS)}:
         try:
-            return Event(**data)
-        except TypeError as exc:
-            raise TraceFormatError(f"events[{index}]: {exc}") from None
-    if isinstance(data, (list, tuple)) and len(data) == len(EVENT_FIELDS):
-        return Event(*data)
-    raise TraceFormatError(f"events[{index}] must be an object with fields {', '.join(EVENT_FIELDS)}")
+            columns = [list(c) for c in zip(*map(_event_fields, items))]
+        except KeyError:
+            pass
+        else:
+            for name, column in zip(EVENT_FIELDS, columns):
+                _check_values(name, column)
+            return columns
+    for i, e in enumerate(items):  # explain the first bad one
+        if not isinstance(e, dict):
+            raise TraceFormatError(f"events[{i}] must be an object, got {short(e)}")
+        missing = [f for f in EVENT_FIELDS if f not in e]
+        unknown = [short(k) for k in e if k not in EVENT_FIELDS][:5]
+        if missing or unknown:
+            raise TraceFormatError(
+                f"events[{i}]: "
+                + "; ".join(
+                    ([f"missing {', '.join(missing)}"] if missing else [])
+                    + ([f"unknown {', '.join(unknown)}"] if unknown else [])
+                )
+            )
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _v2_columns(data: Any) -> list[list[Any]]:
+    """Columns of version 2 events, table indices resolved; the tables' values checked."""
+    columns = from_columns(
+        data,
+        EVENT_FIELDS,
+        required_tables=INDEXED[:4],
+        optional_tables=INDEXED[4:],
+        nullable=("module", "kind"),
+    )
+    for name, table in data["tables"].items():
+        _check_values(name, table)
+        if len(set(table)) != len(table):
+            raise TraceFormatError(f'events table "{name}" repeats a value')
+    for name, column in zip(EVENT_FIELDS, columns):
+        if name not in data["tables"]:
+            _check_values(name, column)
+    return columns
+
+
+def _checked_events(columns: list[list[Any]], hook_ids: set[int]) -> list[Event]:
+    """Events from checked columns, after the checks that relate events to each other and to hooks."""
+    seq, type_, hook, kind = (columns[EVENT_FIELDS.index(f)] for f in ("seq", "type", "hook", "kind"))
+    if len(set(seq)) != len(seq):
+        dup = next(v for v, n in collections.Counter(seq).items() if n > 1)
+        raise TraceFormatError(f"events: seq {short(dup)} appears more than once")
+    is_hook = list(map(operator.eq, type_, repeat("hook")))
+    if None in compress(hook, is_hook) or None in compress(kind, is_hook):
+        raise TraceFormatError('events: a "hook" event without a hook id or kind')
+    unknown = set(hook) - hook_ids - {None}
+    if unknown:
+        raise TraceFormatError(f'events refer to hook id {short(min(unknown))}, which is not in "hooks"')
+    return list(map(tuple.__new__, repeat(Event), zip(*columns)))  # Event._make is Python code: slower
 
 
 class Trace:
     """A complete trace: meta, module table, hooks, events and surprises.
 
     Events are kept as `Event` named tuples (compact, attribute access); everything else as
-    small dataclasses. `to_dict()` gives exactly the JSON layout of SPEC §4.
+    small dataclasses. `to_dict()` gives the version 2 document of SPEC §4.
     """
 
     def __init__(
@@ -235,81 +325,48 @@ class Trace:
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "meta": asdict(self.meta),
-            "modules": [asdict(m) for m in self.modules],
-            "hooks": [asdict(h) for h in self.hooks],
-            "events": _event_dicts(self.events),
-            "surprises": [asdict(s) for s in self.surprises],
-        }
+        """The version 2 document of SPEC §4 (events as columns)."""
+        with gc_paused():
+            return {
+                "format": FORMAT,
+                "version": VERSION,
+                "meta": _record(self.meta),
+                "modules": [_record(m) for m in self.modules],
+                "hooks": [_record(h) for h in self.hooks],
+                "events": to_columns(self.events, EVENT_FIELDS, INDEXED),
+                "surprises": [
+                    {
+                        "rule": s.rule,
+                        "level": s.level,
+                        "message": s.message,
+                        "hooks": list(s.hooks),
+                        "events": list(s.events),
+                    }
+                    for s in self.surprises
+                ],
+            }
 
     @classmethod
     def from_dict(cls, data: Any) -> Trace:
-        if not isinstance(data, dict):
-            raise TraceFormatError("not a hooktrace trace: the top level must be a JSON object")
-        if data.get("format") != FORMAT:
-            raise TraceFormatError(
-                f'not a hooktrace trace: expected "format": "{FORMAT}", got {data.get("format")!r}'
-            )
-        if data.get("version") != VERSION:
-            raise TraceFormatError(
-                f"unsupported trace version {data.get('version')!r}; this hooktrace reads version {VERSION}"
-            )
-        for key in ("meta", "modules", "hooks", "events", "surprises"):
-            if key not in data:
-                raise TraceFormatError(f"trace is missing the {key!r} field")
-        for key in ("modules", "hooks", "events", "surprises"):
-            if not isinstance(data[key], list):
-                raise TraceFormatError(f"trace field {key!r} must be a list")
-        return cls(
-            meta=_build(Meta, data["meta"], "meta"),
-            modules=[_build(Module, m, f"modules[{i}]") for i, m in enumerate(data["modules"])],
-            hooks=[_build(Hook, h, f"hooks[{i}]") for i, h in enumerate(data["hooks"])],
-            events=_events(data["events"]),
-            surprises=[_build(Surprise, s, f"surprises[{i}]") for i, s in enumerate(data["surprises"])],
-        )
+        """A Trace from a version 1 or 2 document; TraceFormatError (one line) for anything else."""
+        with gc_paused():
+            return _from_dict(data)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the trace as JSON (SPEC §4); orjson is used when installed (hooktrace[fast]).
-
-        The bytes are those of `dumps(self.to_dict())` plus a newline, written SAVE_CHUNK events at a
-        time, so a million events never exist as a million dicts at once. A path ending in
-        ``.gz`` gets the same JSON gzip-compressed (opt-in; `load` reads either).
-        """
-        write_atomic(path, functools.partial(_write_file, self, os.fspath(path).endswith(".gz")))
+        """Write the version 2 JSON document and a newline, atomically (a temporary file in the same
+        folder, then renamed: a failed save leaves an earlier file at `path` as it was). A path
+        ending in ``.gz`` gets the same JSON gzip-compressed (`load` reads either)."""
+        with gc_paused():
+            write_json(path, self.to_dict())
 
     def write_json(self, fh: IO[bytes]) -> None:
-        """Write the bytes of `save` to a binary file object (`sys.stdout.buffer`, a socket file...),
-        SAVE_CHUNK events at a time."""
-        with gc_paused():
-            for part in self._json_parts():
-                fh.write(part)
+        """Write the bytes of `save` to a binary file object (`sys.stdout.buffer`, a socket file...)."""
+        fh.write(self.to_json())
 
     def to_json(self) -> bytes:
-        """The bytes `save` writes: SPEC §4 JSON and a newline, as `dumps(self.to_dict())` would give,
-        several times faster for large traces (use `write_json` to stream them instead)."""
+        """The bytes `save` writes: the version 2 JSON document and a newline."""
         with gc_paused():
-            return b"".join(self._json_parts())
-
-    def _json_parts(self) -> Iterator[bytes]:
-        head = dumps(
-            {
-                "format": FORMAT,
-                "version": VERSION,
-                "meta": asdict(self.meta),
-                "modules": [asdict(m) for m in self.modules],
-                "hooks": [asdict(h) for h in self.hooks],
-            }
-        )
-        yield head[:-1] + b',"events":['  # the encoders are compact: the object ends with its "}"
-        events = self.events
-        for start in range(0, len(events), SAVE_CHUNK):
-            if start:
-                yield b","
-            yield dumps(_event_dicts(events[start : start + SAVE_CHUNK]))[1:-1]
-        yield b'],"surprises":' + dumps([asdict(s) for s in self.surprises]) + b"}\n"
+            return dumps(self.to_dict()) + b"\n"
 
     def __repr__(self) -> str:
         return (
@@ -355,6 +412,56 @@ class Trace:
         )
 
 
+def _from_dict(data: Any) -> Trace:
+    if (
+        isinstance(data, dict)
+        and "traceEvents" in data
+        or (isinstance(data, list) and data and isinstance(data[0], dict) and "ph" in data[0])
+    ):
+        raise TraceFormatError(
+            "this is a Chrome trace (for Perfetto), not a hooktrace trace: open it in https://ui.perfetto.dev, "
+            "and give hooktrace the .json that `hooktrace run -o` or `Trace.save` wrote"
+        )
+    if not isinstance(data, dict):
+        raise TraceFormatError("not a hooktrace trace: the top level must be a JSON object")
+    if data.get("format") != FORMAT:
+        raise TraceFormatError(
+            f'not a hooktrace trace: expected "format": "{FORMAT}", got {short(data.get("format"))}'
+        )
+    version = data.get("version")
+    if type(version) is not int or version not in READS:
+        raise TraceFormatError(
+            f"unsupported trace version {short(version)}; this hooktrace reads versions 1 and 2"
+        )
+    for key in ("meta", "modules", "hooks", "events", "surprises"):
+        if key not in data:
+            raise TraceFormatError(f"trace is missing the {key!r} field")
+    for key in ("modules", "hooks", "surprises") + (("events",) if version == 1 else ()):
+        if not isinstance(data[key], list):
+            raise TraceFormatError(f"trace field {key!r} must be a list")
+    hooks = [_build(Hook, h, f"hooks[{i}]") for i, h in enumerate(data["hooks"])]
+    hook_ids = {h.id for h in hooks}
+    if len(hook_ids) != len(hooks):
+        dup = next(i for i, n in collections.Counter(h.id for h in hooks).items() if n > 1)
+        raise TraceFormatError(f"hooks: id {dup} appears more than once")
+    columns = _v1_columns(data["events"]) if version == 1 else _v2_columns(data["events"])
+    events = _checked_events(columns, hook_ids)
+    surprises = [_build(Surprise, s, f"surprises[{i}]") for i, s in enumerate(data["surprises"])]
+    seqs = set(columns[0])
+    for i, s in enumerate(surprises):
+        if not set(s.hooks) <= hook_ids or not set(s.events) <= seqs:
+            raise TraceFormatError(
+                f"surprises[{i}] refers to a hook id or event seq that the trace does not have"
+            )
+    return Trace(
+        meta=_build(Meta, data["meta"], "meta"),
+        modules=[_build(Module, m, f"modules[{i}]") for i, m in enumerate(data["modules"])],
+        hooks=hooks,
+        events=events,
+        surprises=surprises,
+    )
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic GC: building or reading millions of small acyclic containers otherwise makes
@@ -368,84 +475,8 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def dumps(data: Any) -> bytes:
-    """Compact JSON bytes: orjson when installed (several times faster on large traces), else the stdlib."""
-    if _orjson is not None:
-        return _orjson.dumps(data)
-    return json.dumps(data, separators=(",", ":")).encode("utf-8")
-
-
-def loads(raw: bytes) -> Any:
-    if _orjson is not None:
-        return _orjson.loads(raw)
-    return json.loads(raw)
-
-
 def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace written by `Trace.save` (plain or gzip-compressed JSON, whatever the file's name);
-    TraceFormatError for anything else."""
-    with open(path, "rb") as fh:
-        raw = fh.read()
+    """Read a trace file of version 1 or 2 (plain or gzip-compressed JSON, whatever the file's name);
+    TraceFormatError, with one line saying what is wrong, for anything else."""
     with gc_paused():
-        if raw[:2] == GZIP_MAGIC:
-            try:
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise TraceFormatError(f"{os.fspath(path)} is not a readable gzip file: {exc}") from None
-        trace = _load_large(raw) if len(raw) >= LOAD_CHUNK_BYTES else None
-        if trace is not None:
-            return trace
-        try:
-            data = loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and orjson's error are ValueErrors
-            raise TraceFormatError(f"{os.fspath(path)} is not valid JSON: {exc}") from None
-        return Trace.from_dict(data)
-
-
-_EVENTS_START = b'"events":[{"seq":'  # a key "events" whose array opens with an event object
-_EVENTS_END = b'}],"surprises":'  # the last event's "}", the array's "]", then the next key
-_EVENT_SPLIT = b'},{"seq":'  # between two events
-
-
-def _load_large(raw: bytes) -> Optional[Trace]:
-    """A large trace in compact layout (what `save` writes), its events decoded a slice at a time so
-    that no more than a slice's worth of dicts exists at once. None when the layout is anything else
-    or anything is wrong: the caller then decodes the whole document, which explains errors.
-
-    The three markers contain an unescaped quote, so they cannot occur inside a JSON string; the
-    rest of the document (everything but the events) is decoded and checked as usual, and each
-    slice of events must decode on its own, so a file this misreads would not be valid JSON.
-    """
-    start = raw.find(_EVENTS_START)
-    end = raw.rfind(_EVENTS_END)
-    if start < 0 or end < start:
-        return None
-    first = start + len(_EVENTS_START) - len(b'{"seq":')  # the first event's "{"
-    try:
-        rest = loads(raw[:first] + raw[end + 1 :])  # the document with an empty events array
-        if not isinstance(rest, dict) or rest.get("events") != []:
-            return None
-        trace = Trace.from_dict(rest)
-        view = memoryview(raw)
-        events: list[Event] = []
-        pos = first
-        while pos <= end:
-            cut = raw.find(_EVENT_SPLIT, pos + LOAD_CHUNK_BYTES, end + 1)
-            stop = end + 1 if cut < 0 else cut + 1
-            piece = _events_fast(loads(b"[" + view[pos:stop] + b"]"))
-            if piece is None:
-                return None
-            events += piece
-            pos = stop + 1
-    except (ValueError, UnicodeDecodeError, TraceFormatError):
-        return None
-    trace.events = events
-    return trace
-
-
-def _write_file(trace: Trace, compress: bool, fh: IO[bytes]) -> None:
-    if not compress:
-        trace.write_json(fh)
-        return
-    with gzip.GzipFile(filename="", mode="wb", fileobj=fh, compresslevel=GZIP_LEVEL) as packed:
-        trace.write_json(packed)  # type: ignore[arg-type]
+        return _from_dict(read_json(path))

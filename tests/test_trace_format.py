@@ -1,16 +1,24 @@
-"""Trace format v1: round trips through save/load (orjson and stdlib), clear errors for anything else."""
+"""Trace format (SPEC §4): version 2 written, versions 1 and 2 read, every field checked on load,
+bounded gzip, atomic writes, and the kinds table."""
 
 from __future__ import annotations
 
+import copy
+import gzip
 import io
 import json
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
+from hooktrace.io import dumps
 from hooktrace.schema import Event, Hook, Meta, Module, Surprise, Trace, TraceFormatError, load
 
-trace_module = sys.modules["hooktrace.schema"]
+DATA = Path(__file__).parent / "data"
+THREAD = 140_245_819_283_264  # a real CPython thread ident is this long
 
 
 def sample() -> Trace:
@@ -23,37 +31,178 @@ def sample() -> Trace:
             name="f",
             prepend=True,
             prepend_source="registration",
-        )
+        ),
+        Hook(id=9, kind="grad", scope="tensor", module="fc", tensor="fc.weight", name="g"),
     ]
     events = [
-        Event(0, 0, "enter", "forward", "fc", None, None, 7, 0, 50, False, None),
-        Event(1, 0, "hook", "forward", "fc", 3, "forward_pre", 7, 5, 2, True, None),
-        Event(2, 0, "exit", "forward", "fc", None, None, 7, 50, 0, False, "ValueError: x"),
+        Event(0, 0, "enter", "forward", "fc", None, None, THREAD, 0, 50, False, None),
+        Event(1, 0, "hook", "forward", "fc", 3, "forward_pre", THREAD, 5, 2, True, None),
+        Event(2, 0, "exit", "forward", "fc", None, None, THREAD, 50, 0, False, "ValueError: x"),
+        Event(3, 0, "hook", "backward", "fc", 9, "grad", THREAD + 1, 70, 3, False, None),
     ]
     return Trace(
         Meta(torch="2.13.0", python="3.11", steps=1, created="2026-12-02T00:00:00+00:00"),
         [Module("", "Sequential"), Module("fc", "Linear")],
         hooks,
         events,
-        [Surprise("replaced-value", "m", [3], [1])],
+        [Surprise("replaced-value", "m", [3], [1]), Surprise("never-fired", "n", [9], [], level="info")],
     )
 
 
-@pytest.mark.parametrize("encoder", ["orjson", "stdlib"])
-def test_round_trip(tmp_path, monkeypatch, encoder):
-    if encoder == "stdlib":
-        monkeypatch.setattr(trace_module, "_orjson", None)
-    elif trace_module._orjson is None:
-        pytest.skip("orjson is not installed")
+def v1_dict(t: Trace) -> dict:
+    """The version 1 document of `t`, as hooktrace wrote it before version 2."""
+    d = t.to_dict()
+    d["version"] = 1
+    d["events"] = [e._asdict() for e in t.events]
+    for s in d["surprises"]:
+        del s["level"]
+    return d
+
+
+def write(path: Path, data) -> Path:
+    path.write_bytes(dumps(data))
+    return path
+
+
+# -- version 2 written ---------------------------------------------------------------------------------------
+
+
+def test_round_trip_writes_version_2_columns(tmp_path):
     original = sample()
     path = tmp_path / "t.json"
     original.save(path)
     data = json.loads(path.read_text())
-    assert data["format"] == "hooktrace.trace" and data["version"] == 1
-    assert list(data["events"][0]) == list(Event._fields)
+    assert data["format"] == "hooktrace.trace" and data["version"] == 2
+    events = data["events"]
+    assert events["count"] == 4 and list(events["columns"]) == list(Event._fields)
+    assert all(len(c) == 4 for c in events["columns"].values())
+    tables = events["tables"]
+    for name in ("type", "phase", "kind", "module", "thread"):
+        values = [tables[name][i] if i is not None else None for i in events["columns"][name]]
+        assert values == [getattr(e, name) for e in original.events]
+    assert events["columns"]["hook"] == [None, 3, None, 9] and events["columns"]["seq"] == [0, 1, 2, 3]
+    assert data["surprises"][1] == {
+        "rule": "never-fired",
+        "level": "info",
+        "message": "n",
+        "hooks": [9],
+        "events": [],
+    }
     loaded = load(path)
+    assert loaded.to_dict() == original.to_dict() == data
+    assert loaded.events == original.events and all(type(e) is Event for e in loaded.events)
+    assert loaded.hook(3).prepend_source == "registration" and loaded.surprises[1].level == "info"
+    assert path.read_bytes() == original.to_json()
+    out = io.BytesIO()
+    original.write_json(out)
+    assert out.getvalue() == path.read_bytes()
+
+
+def test_empty_trace_and_plain_tuples_round_trip(tmp_path):
+    Trace().save(tmp_path / "e.json")
+    assert load(tmp_path / "e.json").to_dict() == Trace().to_dict()
+    t = sample()
+    t.events = [tuple(e) for e in t.events]
+    t.save(tmp_path / "t.json")
+    assert load(tmp_path / "t.json").events == sample().events
+
+
+def test_events_with_the_wrong_number_of_values_are_not_saved(tmp_path):
+    t = sample()
+    t.events[2] = tuple(t.events[2])[:11]
+    with pytest.raises(TraceFormatError, match=r"events\[2\] has 11 values"):
+        t.save(tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
+
+
+def realistic(n: int) -> Trace:
+    """Events shaped like a real capture: enter, four hooks, exit per call over 300 module paths."""
+    paths = [f"layers.{i // 8}.sub{i % 8}" for i in range(300)]
+    hooks = [
+        Hook(id=10 + i, kind=("forward_pre", "forward", "forward", "grad")[i % 4], scope="module")
+        for i in range(600)
+    ]
+    events, t = [], 1_000_000
+    for seq in range(n):
+        r, path = seq % 6, paths[(seq // 6) % 300]
+        t += 1_350
+        if r in (0, 5):
+            events.append(
+                Event(
+                    seq,
+                    0,
+                    "enter" if r == 0 else "exit",
+                    "forward",
+                    path,
+                    None,
+                    None,
+                    THREAD,
+                    t,
+                    41_000 if r == 0 else 0,
+                    False,
+                    None,
+                )
+            )
+        else:
+            kind = ("forward_pre", "forward", "forward", "grad")[r - 1]
+            events.append(
+                Event(
+                    seq,
+                    0,
+                    "hook",
+                    "backward" if kind == "grad" else "forward",
+                    path,
+                    10 + (seq // 6 % 150) * 4 + r - 1,
+                    kind,
+                    THREAD,
+                    t,
+                    712,
+                    False,
+                    None,
+                )
+            )
+    return Trace(Meta(), [Module(p, "Linear") for p in paths], hooks, events)
+
+
+def test_bytes_per_event_of_version_2(tmp_path):
+    """Issue 17: at most 60 B per event on disk (version 1 took 189-207)."""
+    n = 200_000
+    path = tmp_path / "big.json"
+    realistic(n).save(path)
+    assert path.stat().st_size / n <= 60
+    assert len(load(path).events) == n
+
+
+# -- versions 1 and 2 read -------------------------------------------------------------------------------
+
+
+def test_version_1_documents_load_as_before(tmp_path):
+    original = sample()
+    original.surprises[1].level = "warn"
+    loaded = load(write(tmp_path / "v1.json", v1_dict(original)))
     assert loaded.to_dict() == original.to_dict()
-    assert loaded.events[1].hook == 3 and loaded.hook(3).prepend_source == "registration"
+    assert [s.level for s in loaded.surprises] == ["warn", "warn"]  # version 1 has no level: "warn"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("v1_*.json*")))
+def test_version_1_files_written_by_hooktrace_before_version_2(tmp_path, name):
+    """Files saved by the version 1 writer (runs of the samples): the same events, hooks and
+    renderings as their version 2 re-save."""
+    from hooktrace.render import render
+
+    raw = (DATA / name).read_bytes()
+    data = json.loads(gzip.decompress(raw) if name.endswith(".gz") else raw)
+    assert data["version"] == 1
+    trace = load(DATA / name)
+    assert trace.events == [Event(**e) for e in data["events"]]  # decoded independently here
+    assert [h.__dict__ for h in trace.hooks] == data["hooks"]
+    trace.save(tmp_path / "v2.json")
+    again = load(tmp_path / "v2.json")
+    assert again.to_dict() == trace.to_dict()
+    assert render(again, "tree") == render(trace, "tree") and render(again, "dot") == render(trace, "dot")
+
+
+# -- anything else refused, in one line ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -62,28 +211,20 @@ def test_round_trip(tmp_path, monkeypatch, encoder):
         ("{not json", "not valid JSON"),
         ("[]", "top level must be a JSON object"),
         ('{"format": "other"}', "not a hooktrace trace"),
-        ('{"format": "hooktrace.trace", "version": 2}', "unsupported trace version 2"),
+        ('{"format": "hooktrace.trace", "version": 3}', "unsupported trace version 3"),
+        ('{"format": "hooktrace.trace", "version": true}', "unsupported trace version True"),
         ('{"format": "hooktrace.trace", "version": 1, "meta": {}}', "missing the 'modules' field"),
+        (
+            '{"traceEvents": [], "displayTimeUnit": "ns"}',
+            r"this is a Chrome trace \(for Perfetto\), not a hooktrace",
+        ),
+        ('[{"ph": "X", "name": "a", "ts": 0}]', "this is a Chrome trace"),
     ],
 )
 def test_bad_files_give_one_clear_error(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(TraceFormatError, match=message):
-        load(path)
-
-
-def test_malformed_event_is_named(tmp_path):
-    data = sample().to_dict()
-    del data["events"][2]["error"]
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(data))
-    with pytest.raises(TraceFormatError, match=r"events\[2\]"):
-        load(path)
-    data = sample().to_dict()
-    data["hooks"][0]["bogus"] = 1
-    path.write_text(json.dumps(data))
-    with pytest.raises(TraceFormatError, match=r"hooks\[0\] has unknown field\(s\): bogus"):
         load(path)
 
 
@@ -94,100 +235,224 @@ def test_binary_file_is_a_format_error(tmp_path):
         load(path)
 
 
-# -- large traces: chunked writing, sliced reading, gzip -------------------------------------------------
+def test_a_chrome_trace_written_by_hooktrace_is_named_as_such(tmp_path):
+    from hooktrace.render import render
+
+    path = tmp_path / "c.json"
+    path.write_text(render(sample(), "chrome"))
+    with pytest.raises(TraceFormatError, match="Chrome trace"):
+        load(path)
 
 
-def many(n: int = 40) -> Trace:
-    """`sample()` with n events whose strings contain what the sliced reader looks for."""
-    t = sample()
-    tricky = ['},{"seq":', '"events":[{"seq":', '}],"surprises":', "naïve ✓", "back\\slash", 'q"uote']
-    t.events = [
-        Event(i, i // 10, "hook", "forward", f"m{i % 3}", 3, "forward_pre", 7, 5 * i, 2, i % 2 == 0, None)
-        if i % 4
-        else Event(i, i // 10, "exit", "backward", None, None, None, 7, 5 * i, 0, False, tricky[i % 6])
-        for i in range(n)
-    ]
-    return t
+def test_echoed_values_are_cut_short(tmp_path):
+    path = write(tmp_path / "t.json", {"format": "x" * 1_000_000})
+    with pytest.raises(TraceFormatError) as info:
+        load(path)
+    assert len(str(info.value)) < 200
+    data = sample().to_dict()
+    data["hooks"][0]["y" * 100_000] = 1
+    data["hooks"][1]["name"] = ["z" * 100_000]
+    with pytest.raises(TraceFormatError) as info:
+        load(write(tmp_path / "t.json", data))
+    assert len(str(info.value)) < 200
 
 
-@pytest.fixture(params=["orjson", "stdlib"])
-def encoder(request, monkeypatch):
-    if request.param == "stdlib":
-        monkeypatch.setattr(trace_module, "_orjson", None)
-    elif trace_module._orjson is None:
-        pytest.skip("orjson is not installed")
-    return request.param
+# Wrong values for every field of every record: (where, field, wrong value).
+_BAD = {
+    "meta": [
+        ("torch", 2),
+        ("python", None),
+        ("device", []),
+        ("target", 3),
+        ("steps", "1"),
+        ("steps", True),
+        ("created", 0),
+        ("rank", "0"),
+        ("world_size", 1.5),
+    ],
+    "modules": [("path", None), ("path", 1), ("type", {})],
+    "hooks": [
+        ("id", "3"),
+        ("id", None),
+        ("id", 3.0),
+        ("id", True),
+        ("kind", "forward_prehook"),
+        ("kind", 1),
+        ("scope", "modul"),
+        ("module", 5),
+        ("tensor", []),
+        ("name", None),
+        ("defined_at", 7),
+        ("registered_at", {}),
+        ("registered_by", False),
+        ("prepend", 1),
+        ("prepend", "true"),
+        ("prepend_source", "guessed"),
+        ("with_kwargs", None),
+        ("always_call", 0),
+        ("registered_during_run", "no"),
+        ("removed_during_run", []),
+    ],
+    "surprises": [
+        ("rule", 1),
+        ("message", None),
+        ("hooks", [3.5]),
+        ("hooks", "3"),
+        ("hooks", [True]),
+        ("events", None),
+        ("level", "error"),
+        ("level", None),
+    ],
+}
+_BAD_EVENTS = [
+    ("seq", "0"),
+    ("seq", None),
+    ("seq", 1.0),
+    ("step", None),
+    ("step", True),
+    ("type", "call"),
+    ("type", None),
+    ("type", 0),
+    ("phase", "fwd"),
+    ("phase", None),
+    ("module", 1),
+    ("module", []),
+    ("hook", "3"),
+    ("hook", 3.0),
+    ("kind", "forward_prehook"),
+    ("kind", 7),
+    ("thread", None),
+    ("thread", "7"),
+    ("start_ns", None),
+    ("start_ns", 0.5),
+    ("duration_ns", "2"),
+    ("returned", 0),
+    ("returned", None),
+    ("error", 1),
+    ("error", {"a": 1}),
+]
 
 
-@pytest.fixture
-def small_slices(monkeypatch):
-    """Exercise the chunked writer and the sliced reader on small traces."""
-    monkeypatch.setattr(trace_module, "SAVE_CHUNK", 3)
-    monkeypatch.setattr(trace_module, "LOAD_CHUNK_BYTES", 64)
+def _cases():
+    for where, bad in _BAD.items():
+        for name, value in bad:
+            yield pytest.param(where, name, value, id=f"{where}.{name}={value!r}")
 
 
-def test_chunked_save_writes_the_bytes_of_one_document(tmp_path, encoder, small_slices):
-    t = many()
-    t.save(tmp_path / "t.json")
-    raw = (tmp_path / "t.json").read_bytes()
-    assert raw == trace_module.dumps(t.to_dict()) + b"\n" == t.to_json()
-    out = io.BytesIO()
-    t.write_json(out)
-    assert out.getvalue() == raw
-    data = json.loads(raw)
-    assert list(data) == ["format", "version", "meta", "modules", "hooks", "events", "surprises"]
-    assert all(list(e) == list(Event._fields) for e in data["events"])
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("where, name, value", list(_cases()))
+def test_a_field_of_the_wrong_type_is_refused(tmp_path, version, where, name, value):
+    data = sample().to_dict() if version == 2 else v1_dict(sample())
+    record = data[where] if where == "meta" else data[where][1 if where != "modules" else 0]
+    record[name] = value
+    with pytest.raises(TraceFormatError, match=name):
+        load(write(tmp_path / "t.json", data))
 
 
-def test_sliced_load_round_trips(tmp_path, encoder, small_slices):
-    for n in (0, 1, 2, 40, 200):
-        t = many(n)
-        t.save(tmp_path / "t.json")
-        loaded = load(tmp_path / "t.json")
-        assert loaded.to_dict() == t.to_dict()
-        assert loaded.events == t.events and all(type(e) is Event for e in loaded.events)
-        sliced = trace_module._load_large((tmp_path / "t.json").read_bytes())
-        assert (sliced is None) == (n == 0)  # an empty events array is read whole
-        assert sliced is None or sliced.to_dict() == t.to_dict()
+@pytest.mark.parametrize("name, value", _BAD_EVENTS, ids=[f"{n}={v!r}" for n, v in _BAD_EVENTS])
+def test_an_event_field_of_the_wrong_type_is_refused_in_version_1(tmp_path, name, value):
+    data = v1_dict(sample())
+    data["events"][1][name] = value
+    with pytest.raises(TraceFormatError, match="seq|" + name):
+        load(write(tmp_path / "t.json", data))
 
 
-def test_sliced_load_needs_no_particular_layout(tmp_path, encoder, small_slices):
-    """Other writers: keys in another order, spaces, indentation, top-level keys reordered."""
-    t = many()
-    path = tmp_path / "t.json"
-    data = t.to_dict()
-    for text in (
-        json.dumps(data, sort_keys=True, separators=(",", ":")),
-        json.dumps(data),
-        json.dumps(data, indent=2),
-        json.dumps({k: data[k] for k in reversed(list(data))}, separators=(",", ":")),
+@pytest.mark.parametrize("name, value", _BAD_EVENTS, ids=[f"{n}={v!r}" for n, v in _BAD_EVENTS])
+def test_an_event_field_of_the_wrong_type_is_refused_in_version_2(tmp_path, name, value):
+    """In a plain column the value itself; in an indexed column both the value in the table and the
+    index in the column."""
+    data = sample().to_dict()
+    events = data["events"]
+    if name in events["tables"]:
+        variant = copy.deepcopy(data)
+        if value is not None:
+            variant["events"]["tables"][name][0] = value
+            with pytest.raises(TraceFormatError, match=name):
+                load(write(tmp_path / "t.json", variant))
+        events["columns"][name][1] = value if value is None or not isinstance(value, int) else 99
+    else:
+        events["columns"][name][1] = value
+    with pytest.raises(TraceFormatError, match="seq|" + name):
+        load(write(tmp_path / "t.json", data))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda ev: ev["columns"]["module"].__setitem__(0, -1), "index -1"),
+        (lambda ev: ev["columns"]["type"].__setitem__(0, True), "True"),
+        (lambda ev: ev["columns"]["kind"].__setitem__(1, 5), "index 5"),
+        (lambda ev: ev["columns"]["seq"].pop(), '"seq" must be a list of 4'),
+        (lambda ev: ev.__setitem__("count", 5), "must be a list of 5"),
+        (lambda ev: ev.__setitem__("count", "4"), "count"),
+        (lambda ev: ev["columns"].pop("error"), "exactly the columns"),
+        (lambda ev: ev["columns"].__setitem__("extra", [1, 2, 3, 4]), "exactly the columns"),
+        (lambda ev: ev["tables"].pop("kind"), "tables"),
+        (lambda ev: ev["tables"].__setitem__("type", "hook"), "must be a list"),
+        (lambda ev: ev["tables"]["phase"].append("forward"), "repeats"),
+        (lambda ev: ev["columns"]["seq"].__setitem__(3, 1), "seq 1 appears more than once"),
+        (lambda ev: ev["columns"]["hook"].__setitem__(1, None), "without a hook id"),
+        (lambda ev: ev["columns"]["hook"].__setitem__(1, 77), "hook id 77"),
+        (lambda ev: ev.__setitem__("columns", []), "exactly the columns"),
+    ],
+)
+def test_version_2_layout_errors(tmp_path, change, message):
+    data = sample().to_dict()
+    change(data["events"])
+    with pytest.raises(TraceFormatError, match=message):
+        load(write(tmp_path / "t.json", data))
+
+
+def test_references_and_duplicates_are_refused(tmp_path):
+    for change, message in (
+        (lambda d: d["events"].__setitem__(3, {**d["events"][3], "seq": 0}), "seq 0 appears more than once"),
+        (lambda d: d["hooks"][1].__setitem__("id", 3), "id 3 appears more than once"),
+        (lambda d: d["surprises"][0].__setitem__("hooks", [4]), r"surprises\[0\] refers"),
+        (lambda d: d["surprises"][0].__setitem__("events", [40]), r"surprises\[0\] refers"),
+        (lambda d: d["events"][1].pop("error"), r"events\[1\]: missing error"),
+        (lambda d: d["events"][1].__setitem__("bogus", 1), r"events\[1\]: unknown 'bogus'"),
+        (lambda d: d["events"].__setitem__(1, [1, 2]), r"events\[1\] must be an object"),
+        (lambda d: d["hooks"][0].__setitem__("bogus", 1), r"hooks\[0\] has unknown field\(s\): 'bogus'"),
+        (lambda d: d["hooks"][0].pop("kind"), r"hooks\[0\] is missing the field 'kind'"),
+        (lambda d: d.__setitem__("modules", {}), "'modules' must be a list"),
     ):
-        path.write_text(text)
-        assert load(path).to_dict() == data
+        data = v1_dict(sample())
+        change(data)
+        with pytest.raises(TraceFormatError, match=message):
+            load(write(tmp_path / "t.json", data))
 
 
-def test_sliced_load_reports_bad_events_like_the_whole_document(tmp_path, small_slices):
-    data = many().to_dict()
-    del data["events"][30]["error"]
-    path = tmp_path / "t.json"
-    path.write_bytes(trace_module.dumps(data))
-    with pytest.raises(TraceFormatError, match=r"events\[30\]"):
-        load(path)
-    path.write_bytes(trace_module.dumps(data)[:-40])  # cut short
-    with pytest.raises(TraceFormatError, match="not valid JSON"):
-        load(path)
+def test_duplicate_keys_load_the_same_small_and_large(tmp_path):
+    """A repeated key keeps its last value, whatever the file's size (the sliced reader of version 1
+    took the first one in files of 64 KiB and more)."""
+    for n in (4, 5000):
+        t = realistic(n) if n > 4 else sample()
+        text = t.to_json().decode()
+        doubled = text.replace('"version":2,', '"version":1,"version":2,').replace(
+            '"meta":{', '"meta":{"target":"first",', 1
+        )
+        doubled = doubled.replace('"target":null', '"target":"last"', 1)
+        path = tmp_path / "t.json"
+        path.write_text(doubled)
+        loaded = load(path)
+        assert loaded.meta.target == "last" and loaded.events == t.events
+        v1 = json.dumps(v1_dict(t))
+        v1 = v1.replace('"seq": 1,', '"seq": 0, "seq": 1,', 1)
+        path.write_text(v1)
+        assert load(path).events == t.events
 
 
-def test_gzip_is_opt_in_by_file_name(tmp_path, encoder, small_slices):
-    import gzip
+# -- gzip ----------------------------------------------------------------------------------------------------
 
-    t = many()
+
+def test_gzip_is_opt_in_by_file_name_and_read_by_content(tmp_path):
+    t = sample()
     t.save(tmp_path / "t.json.gz")
     raw = (tmp_path / "t.json.gz").read_bytes()
     assert raw[:2] == b"\x1f\x8b"
-    assert json.loads(gzip.decompress(raw)) == t.to_dict()  # the same SPEC JSON inside
+    assert gzip.decompress(raw) == t.to_json()  # the same JSON inside
     assert load(tmp_path / "t.json.gz").to_dict() == t.to_dict()
-    (tmp_path / "renamed.json").write_bytes(raw)  # read by its content, not its name
+    (tmp_path / "renamed.json").write_bytes(raw)
     assert load(tmp_path / "renamed.json").to_dict() == t.to_dict()
     t.save(tmp_path / "plain.json")
     assert (tmp_path / "plain.json").read_bytes()[:1] == b"{"
@@ -198,13 +463,42 @@ def test_broken_gzip_is_a_format_error(tmp_path):
     path.write_bytes(b"\x1f\x8b\x08\x00garbage")
     with pytest.raises(TraceFormatError, match="gzip"):
         load(path)
+    path.write_bytes(gzip.compress(sample().to_json())[:-30])  # cut short
+    with pytest.raises(TraceFormatError, match="gzip"):
+        load(path)
 
 
-def test_events_given_as_plain_tuples_are_saved(tmp_path):
-    t = sample()
-    t.events = [tuple(e) for e in t.events]
-    t.save(tmp_path / "t.json")
-    assert load(tmp_path / "t.json").events == sample().events
+def test_a_gzip_bomb_is_refused_within_a_memory_limit(tmp_path):
+    """1 GiB of JSON whitespace in about 1 MB of gzip, loaded with 600 MiB of address space."""
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = b" " * (1 << 20)
+    parts = [packer.compress(b'{"format":"hooktrace.trace",')]
+    parts += [packer.compress(block) for _ in range(1024)]
+    parts.append(packer.compress(b"}") + packer.flush())
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(b"".join(parts))
+    assert bomb.stat().st_size < 2 << 20
+    code = textwrap.dedent(
+        f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (600 << 20, 600 << 20))
+        from hooktrace.schema import TraceFormatError, load
+        try:
+            load({str(bomb)!r})
+        except TraceFormatError as exc:
+            print("refused:", exc)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("refused:") and "inflates to more than" in proc.stdout
+
+
+def test_a_large_real_trace_inflates_within_the_bound(tmp_path):
+    realistic(300_000).save(tmp_path / "t.json.gz")
+    assert len(load(tmp_path / "t.json.gz").events) == 300_000
 
 
 # -- kinds table -----------------------------------------------------------------------------------------
@@ -319,7 +613,7 @@ def test_failed_save_leaves_the_earlier_trace(tmp_path, name):
     path = tmp_path / name
     sample().save(path)
     before = path.read_bytes()
-    broken = many(3000)
+    broken = realistic(3000)
     broken.events[2500] = broken.events[2500]._replace(error=object())
     with pytest.raises(TypeError):  # orjson's JSONEncodeError
         broken.save(path)
