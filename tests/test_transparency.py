@@ -394,3 +394,26 @@ def test_hook_registered_on_the_input_before_the_block_is_traced_and_restored() 
     assert hook.tensor == "input of <root>" and hook.scope == "tensor"
     assert [e.hook for e in t.trace.events if e.type == "hook"] == [hook.id]
     assert not [s for s in t.trace.surprises if hook.id in s.hooks and s.rule == "never-fired"]
+
+
+def test_a_class_that_took_the_call_wrapper_during_the_block_is_plain_pytorch_after() -> None:
+    """`torch._dynamo.disable(SomeModuleClass)` inside the block wraps whatever `__call__` is then:
+    after the block that class must behave, and record, exactly as without hooktrace."""
+
+    class Own(nn.Linear):
+        pass
+
+    m = Own(2, 2)
+    m.register_forward_hook(logged_fwd)
+    with hooktrace.trace(m) as t:
+        Own.__call__ = Own.__call__  # a class keeps the wrapper it saw, as decorators do
+        m(torch.randn(1, 2))
+    n = len(t.trace.events)
+    LOG.clear()
+    with hooktrace.trace(m) as t2:
+        m(torch.randn(1, 2))
+    del Own.__call__
+    assert LOG == ["logged_fwd"]
+    assert n == 3 and len(t.trace.events) == 3  # nothing recorded into the ended capture
+    assert [e.type for e in t2.trace.events] == ["enter", "hook", "exit"]  # handed to the new capture
+    assert nn.Module.__call__.__name__ == "_wrapped_call_impl"

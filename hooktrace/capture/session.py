@@ -150,6 +150,7 @@ class TraceSession:
             self._on_input,
         )
         self._run_codes.add(module_call.__code__)
+        self._module_call = module_call
         self._views = views.Installed(self._book, module_call)
 
     def _finish(self) -> None:
@@ -161,6 +162,7 @@ class TraceSession:
                     self._active = False
                 if self._views is not None:
                     self._views.restore()
+                    shims.end_module_call(self._module_call)
                 if self._interceptor is not None:
                     self._interceptor.restore()
                 final = self._final_walk()

@@ -337,10 +337,13 @@ def make_module_call(
     graph_task = _graph_task_id
     compiling = _is_compiling
     tensor_class = torch.Tensor
+    module_class = torch.nn.Module
 
     def hooktrace_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if compiling():
             return original_call(self, *args, **kwargs)
+        if not live:  # kept past its capture (a class's own `__call__`): whatever nn.Module has now
+            return module_class.__call__(self, *args, **kwargs)
         md = self.__dict__
         children = md.get("_modules")
         named = children["_orig_mod"] if children and "_orig_mod" in children else self  # torch.compile(m)
@@ -379,4 +382,15 @@ def make_module_call(
             on_output(self, result)
         return result
 
+    live = [True]  # emptied when the capture ends: `end(wrapper)`
+    hooktrace_module_call.hooktrace_live = live  # type: ignore[attr-defined]
+    # PyTorch (Dynamo) tells its own call wrapper by name; tracebacks still name this code
+    hooktrace_module_call.__name__ = original_call.__name__
+    hooktrace_module_call.__qualname__ = original_call.__qualname__
+    hooktrace_module_call.__wrapped__ = original_call  # type: ignore[attr-defined]
     return hooktrace_module_call
+
+
+def end_module_call(wrapper: Any) -> None:
+    """The capture is over: a copy of `wrapper` kept somewhere (a class's own `__call__`) is PyTorch's."""
+    wrapper.hooktrace_live.clear()
