@@ -57,6 +57,7 @@ class TraceSession:
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner)
         self._interceptor: Optional[registry.Interceptor] = None
         self._views: Optional[views.Installed] = None
+        self._module_call: Any = None
         self._lock = threading.Lock()  # registration callbacks on other threads vs. the end of the block
         self._active = False
         self._start_ns = 0
@@ -353,7 +354,9 @@ class TraceSession:
         self._namer.clear()
         self._keep.clear()
         self._paths.clear()
+        self._rec.modules.clear()  # ids are resolved: a wrapper some class kept holds no module
         self._rec = shims.Recorder()  # the old one's record lists now belong to the pending trace
+        self._module_call = None
         self._book = HookBook(self._rec, self._path_of)
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner)
         self._model = None
