@@ -160,8 +160,8 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict
         takes = r.renderer(chosen).options
         ignored = [VIEW_FLAGS[k] for k in view if k not in takes]
         if ignored:
-            what = "the trace itself (everything)" if chosen == "json" else "every module and phase"
-            _stderr(f"note: {', '.join(ignored)} not applied: {chosen} output shows {what}")
+            what = ", which holds the whole trace" if chosen == "json" else " (tree only)"
+            _stderr(f"note: {', '.join(ignored)} not applied to {chosen} output{what}")
         opts = {k: v for k, v in view.items() if k in takes}
         if output is None and chosen == "tree":
             from .render.tree import build_tree

@@ -85,6 +85,12 @@ def _call_factory(factory: Factory) -> Any:
         raise UsageError(
             f"the factory {factory.label} called sys.exit({exc.code!r}); return the model instead"
         ) from exc
+    except (Stopped, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # GeneratorExit, a library's own BaseException: still the factory's
+        raise UsageError(
+            f"the factory {factory.label} raised {type(exc).__name__}: {exc}; fix it (--traceback shows where)"
+        ) from exc
 
 
 @dataclass
@@ -132,9 +138,11 @@ def run(
                     _step(prepared, options.backward, notes, progress)
             except Stopped as exc:
                 stopped = exc.signal
+            except KeyboardInterrupt:  # SIGINT with Python's own handler (stop_signals off)
+                stopped = signal.SIGINT
             except UsageError:
                 raise
-            except (Exception, SystemExit) as exc:  # the model or a hook raised: keep the partial trace
+            except BaseException as exc:  # the model or a hook raised (sys.exit too): keep the partial trace
                 exception = exc
             finally:
                 signals.armed = False
