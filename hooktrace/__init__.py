@@ -12,6 +12,7 @@ Importing this package does not import torch; `trace()` does.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from .inputs import Inputs, Target
@@ -20,7 +21,7 @@ from .schema import Trace, TraceFormatError, load
 if TYPE_CHECKING:
     from .capture import TraceSession
 
-__all__ = ["trace", "load", "Trace", "TraceFormatError", "Target", "Inputs"]
+__all__ = ["trace", "load", "tree_text", "Trace", "TraceFormatError", "Target", "Inputs"]
 __version__ = "0.1.0"
 
 
@@ -33,3 +34,27 @@ def trace(model: Optional[Any] = None, *, target: Optional[str] = None) -> Trace
     from .capture import TraceSession
 
     return TraceSession(model, target=target)
+
+
+def tree_text(trace: Any, **options: Any) -> str:
+    """The tree of a `Trace`, or of the `with hooktrace.trace(...) as t` session, as plain text:
+    `print(hooktrace.tree_text(t))`. Options as `hooktrace render`: width, color, depth, module,
+    phase, expand, times, all_surprises."""
+    from .render.tree import tree_text as text
+
+    return text(getattr(trace, "trace", trace), **options)
+
+
+def _register_notebook_display() -> None:
+    """In IPython/Jupyter (already imported, so never imported here), show traces and sessions as
+    HTML: the tree, and the graph when Graphviz is installed (`render/notebook.py`)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None or not hasattr(shell, "display_formatter"):
+        return
+    from .render.notebook import register
+
+    register(shell)
+
+
+_register_notebook_display()

@@ -374,43 +374,6 @@ class Trace:
             f"events={len(self.events)} surprises={len(self.surprises)}>"
         )
 
-    # -- Jupyter -------------------------------------------------------------------------
-    def _repr_svg_(self) -> Optional[str]:
-        """Jupyter shows the trace as its SVG graph when Graphviz's `dot` is installed."""
-        import shutil
-
-        if shutil.which("dot") is None:
-            return None
-        from .render import RenderError
-        from .render.dot import svg
-
-        try:
-            return svg(self)
-        except RenderError:
-            return None
-
-    def _repr_html_(self) -> Optional[str]:
-        """Without `dot`, the tree as HTML (Jupyter prefers HTML, so nothing when the SVG is there)."""
-        import io
-        import shutil
-
-        if shutil.which("dot") is not None:
-            return None
-        from rich.console import Console
-        from rich.text import Text
-
-        from .render.tree import tree_text
-
-        console = Console(
-            file=io.StringIO(), record=True, width=120, color_system="truecolor", force_terminal=True
-        )
-        console.print(Text.from_ansi(tree_text(self, width=120, color=True)), soft_wrap=True)
-        return console.export_html(
-            inline_styles=True,
-            code_format="<pre style=\"font-family:Menlo,'DejaVu Sans Mono',consolas,monospace;"
-            'line-height:1.25;font-size:12px">{code}</pre>',
-        )
-
 
 def _from_dict(data: Any) -> Trace:
     if (

@@ -206,3 +206,22 @@ def test_svg_of_a_big_synthetic_transformer() -> None:
     texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert "×11 more with the same hook order" in texts
     assert "×1 more step with the same hook order" in texts
+
+
+def test_info_surprises_are_only_a_count() -> None:
+    from tests.test_render_tree_output import with_levels
+
+    trace = with_levels()
+    trace.surprises.append(trace.surprises[1].__class__(rule="hook-error", level="info", message="m",
+                                                         hooks=[], events=[4]))  # fmt: skip
+    dot = dot_source(trace)
+    title = dot.split("\n")[1]
+    assert "surprises: global-first" in title and "+13 info surprises about library hooks" in title
+    assert "never-fired" not in dot and "hook-error" not in dot
+    assert "surprise: global-first" in nodes(dot)["e3"]
+
+
+def test_title_has_no_absolute_path() -> None:
+    trace = two_layer()
+    trace.meta.target = "/home/someone/work/model.py:make"
+    assert "hooktrace: model.py:make" in dot_source(trace) and "/home" not in dot_source(trace)

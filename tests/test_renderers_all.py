@@ -398,13 +398,15 @@ def test_rendering_imports_no_torch() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_jupyter_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
-    trace = two_layer()
-    if HAS_DOT:
-        svg = trace._repr_svg_()
-        assert svg is not None and "<svg" in svg and "prepend" in svg
-        assert trace._repr_html_() is None  # Jupyter would prefer HTML over the SVG
-    monkeypatch.setattr(shutil, "which", lambda _name: None)
-    assert trace._repr_svg_() is None
-    html = trace._repr_html_()
-    assert html is not None and html.startswith("<pre") and "early" in html and "prepend" in html
+@pytest.mark.parametrize("sample", list(SAMPLES))
+def test_notebook_html_on_every_trace(sample: str) -> None:
+    import html
+
+    from hooktrace.render.notebook import trace_html
+
+    trace = SAMPLES[sample]()
+    out = trace_html(trace)
+    assert out == trace_html(trace) and "<pre" in out and "\x1b" not in out
+    for h in trace.hooks:
+        if any(e.hook == h.id for e in trace.events):
+            assert html.escape(h.name, quote=False) in out

@@ -83,6 +83,15 @@ def _pack(segments: list[tuple[str, Text]], avail: int) -> Text:
     return Text("\n").join(lines)
 
 
+def _fit_path(path: str, avail: int) -> str:
+    """`path` (`file:line`), its middle folders cut (`torch/…/checkpoint_activation.py:114`) when
+    it would not fit in `avail` columns on a line of its own."""
+    if cell_len(path) <= avail or path.count("/") < 2:
+        return path
+    head, _, rest = path.partition("/")
+    return f"{head}/…/{rest.rsplit('/', 1)[-1]}"
+
+
 class _Drawer:
     """Per-call drawing state; nothing is kept between renderings."""
 
@@ -120,6 +129,7 @@ class _Drawer:
             segs.append(("  ", Text(fmt_ns(e.duration_ns), style="dim")))
         where = location(h.defined_at, self.meta) if h is not None else ""
         if where:
+            where = _fit_path(where, self.width - col - len(CONT))
             segs.append(("  ", Text(where, style="dim")))
         if e.error is not None:
             segs.append(("  ", Text(f"error: {short_error(e.error)}", style="red")))

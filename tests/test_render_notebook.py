@@ -1,0 +1,135 @@
+"""Notebooks: a trace and the `with` target display as HTML (the tree, and the SVG when `dot` is
+there); the tree as text also inside a kernel, where rich believes it is talking to Jupyter; and,
+when ipykernel and nbclient are installed, all of it in a real Jupyter kernel."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import io
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hooktrace
+from hooktrace.render import render
+from hooktrace.render.notebook import register, session_html, trace_html
+from tests.test_renderers_all import two_layer
+
+HAS_DOT = shutil.which("dot") is not None
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ZMQInteractiveShell:
+    """What rich looks for to decide it is inside a Jupyter kernel."""
+
+
+@pytest.fixture
+def fake_jupyter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(builtins, "get_ipython", lambda: ZMQInteractiveShell(), raising=False)
+
+
+def test_rich_would_lose_the_text_in_a_kernel(fake_jupyter: None) -> None:
+    """The condition the next test guards against: a StringIO console inside a kernel prints nothing."""
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=80).print("hello")
+    assert out.getvalue() == ""
+
+
+def test_tree_text_inside_a_kernel_is_the_text(fake_jupyter: None) -> None:
+    text = render(two_layer(), "tree")
+    assert isinstance(text, str) and "early" in text and "[prepend]" in text
+    assert hooktrace.tree_text(two_layer()) == text
+    assert "early" in trace_html(two_layer())
+
+
+def test_html_without_graphviz_is_the_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    html = trace_html(two_layer())
+    assert "<pre" in html and "early" in html and "prepend" in html and "global_pre" in html
+    assert "<svg" not in html and "Graphviz" in html
+    assert "\x1b" not in html and "color:" in html, "colours as inline styles, no ANSI codes"
+
+
+@pytest.mark.skipif(not HAS_DOT, reason="Graphviz dot is not installed")
+def test_html_with_graphviz_has_the_tree_and_the_svg() -> None:
+    html = trace_html(two_layer())
+    assert "<pre" in html and html.index("<pre") < html.index("<svg")
+    assert "<?xml" not in html and "</svg>" in html
+
+
+def test_session_html_inside_and_after_the_block() -> None:
+    class Pending:
+        @property
+        def trace(self) -> Any:
+            raise RuntimeError("the trace is available after the `with hooktrace.trace(...)` block ends")
+
+    class Done:
+        trace = two_layer()
+
+    assert "available after" in session_html(Pending())
+    assert "early" in session_html(Done())
+
+
+def test_register_uses_names_not_classes() -> None:
+    calls: list[tuple[str, str]] = []
+
+    class Formatter:
+        def for_type_by_name(self, module: str, name: str, func: Any) -> None:
+            calls.append((module, name))
+            assert callable(func)
+
+    class Shell:
+        class display_formatter:  # noqa: N801 - IPython's attribute name
+            formatters = {"text/html": Formatter()}
+
+    register(Shell())
+    assert calls == [("hooktrace.schema", "Trace"), ("hooktrace.capture.session", "TraceSession")]
+    from hooktrace.capture.session import TraceSession  # the name registered is the real one
+    from hooktrace.schema import Trace
+
+    assert (Trace.__module__, TraceSession.__module__) == ("hooktrace.schema", "hooktrace.capture.session")
+
+
+def test_the_data_model_imports_no_renderer() -> None:
+    tree = ast.parse((ROOT / "hooktrace" / "schema.py").read_text(encoding="utf-8"))
+    names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [n for n in names if any(p in n for p in ("render", "capture", "analysis", "cli"))]
+    assert not hasattr(hooktrace.Trace, "_repr_html_") and not hasattr(hooktrace.Trace, "_repr_svg_")
+
+
+NOTEBOOK = """
+import torch, hooktrace
+from hooktrace.render import render
+model = torch.nn.Sequential(torch.nn.Linear(3, 3))
+def nb_pre_hook(module, args):
+    return None
+with hooktrace.trace(model) as t:
+    model[0].register_forward_pre_hook(nb_pre_hook, prepend=True)
+    model(torch.randn(2, 3)).sum().backward()
+"""
+
+
+def test_in_a_real_jupyter_kernel() -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    cells = [NOTEBOOK, "t", "t.trace", "print(hooktrace.tree_text(t))", "len(render(t.trace, 'tree'))"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in cells])
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+    ).execute()
+    outputs = [cell.outputs for cell in nb.cells]
+    for shown in outputs[1:3]:  # the `with` target and its trace
+        html = shown[0]["data"]["text/html"]
+        assert "nb_pre_hook" in html and "prepend" in html and "<pre" in html
+        assert ("<svg" in html) == HAS_DOT
+    printed = outputs[3][0]["text"]
+    assert "nb_pre_hook" in printed and "\x1b" not in printed
+    assert int(outputs[4][0]["data"]["text/plain"]) > 100
