@@ -24,7 +24,6 @@ from .kinds import (  # noqa: F401  (re-exported: the groups analysis and captur
     EVENT_TYPES,
     FORWARD_KINDS,
     KINDS,
-    MODULE_KINDS,
     PHASES,
     REGISTRATION_KINDS,
     SCOPES,
