@@ -262,6 +262,21 @@ def bench_transformer(quick: bool) -> list[Row]:
     )
 
 
+def bench_save_on_cpu(quick: bool) -> list[Row]:
+    """The transformer step under `save_on_cpu()`: every saved tensor goes through pack/unpack shims."""
+    from torch.autograd.graph import save_on_cpu
+
+    model, plain = transformer_model()
+
+    def step() -> None:
+        with save_on_cpu():
+            plain()
+
+    pairs, warmup = (6, 2) if quick else (40, 10)
+    what = "compute-bound TransformerEncoder 2x256 under save_on_cpu (pack/unpack traced), fwd+bwd"
+    return _overhead_rows("save_on_cpu", what, 1.02, model, step, pairs=pairs, warmup=warmup)
+
+
 # -- row 3: shim overhead -----------------------------------------------------------------------------
 def _clear(recorder: Any) -> None:
     """Empty whatever lists the recorder keeps (its layout is the capture's business)."""
@@ -719,6 +734,7 @@ def bench_render(quick: bool) -> list[Row]:
 BENCHES: dict[str, Callable[..., list[Row]]] = {
     "hook_heavy": bench_hook_heavy,
     "transformer": bench_transformer,
+    "save_on_cpu": bench_save_on_cpu,
     "shim": bench_shim,
     "memory": bench_memory,
     "save_load": bench_save_load,
@@ -729,6 +745,7 @@ NEEDS_TMP = {"save_load", "cli"}
 GROUPS = {
     "hook_heavy": ("hook_heavy_step", "hook_heavy_session"),
     "transformer": ("transformer_step", "transformer_session"),
+    "save_on_cpu": ("save_on_cpu_step", "save_on_cpu_session"),
     "shim": ("shim_overhead",),
     "memory": ("memory_per_event",),
     "save_load": ("save_load", "file_size"),

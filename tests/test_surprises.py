@@ -82,7 +82,11 @@ def test_recompute_and_early_stop():
     ha.remove()
     hb.remove()
     [s] = rules(t.trace, "recompute")
-    recomputed = [e for e in t.trace.events if e.type == "hook" and e.phase == "recompute"]
+    recomputed = [
+        e
+        for e in t.trace.events
+        if e.type == "hook" and e.phase == "recompute" and e.kind in ("forward_pre", "forward")
+    ]  # checkpoint's own pack hooks also run in the recompute
     assert recomputed and s.hooks == sorted({e.hook for e in recomputed})
     assert set(s.events) >= {e.seq for e in recomputed}
     assert zoo.traced(t.trace) == zoo.log

@@ -8,20 +8,15 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any, Optional
 
+from .. import kinds
 from ..analysis.surprises import find_surprises
 from ..schema import ROOT, Event, Hook, Meta, Module, Surprise, Trace
 from . import shims
 
-# The phase of a hook event by kind; None: the phase of the module call it ran in (other kinds: "other").
-_PHASE_OF_KIND = {
-    "forward_pre": None,
-    "forward": None,
-    "backward_pre": shims.BACKWARD,
-    "backward": shims.BACKWARD,
-    "backward_legacy": shims.BACKWARD,
-    "grad": shims.BACKWARD,
-    "post_accumulate_grad": shims.BACKWARD,
-}
+# The phase of a hook event by kind (kinds.TABLE); None: the phase of the module call it ran in.
+_PHASE_OF_KIND = {name: k.phase for name, k in kinds.TABLE.items()}
+# Kinds with no module of their own: their events name the module call they ran in.
+_MODULE_OF_CALL = frozenset({"pack"})
 _HOOK_FIELDS = tuple(f.name for f in dataclasses.fields(Hook))
 
 
@@ -118,7 +113,11 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
     start = pending.start_ns
     paths = pending.paths
     info = {
-        hid: (h.kind, _PHASE_OF_KIND.get(h.kind, shims.OTHER), h.module if h.scope == "tensor" else None)
+        hid: (
+            h.kind,
+            _PHASE_OF_KIND.get(h.kind, shims.OTHER),
+            h.module if h.scope in ("tensor", "node") else None,
+        )
         for hid, h in hooks.items()
     }
     raw: list[tuple] = []
@@ -138,7 +137,7 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
 
     starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
     step = 0
-    open_calls: dict[int, list[str]] = {}  # thread -> phases of the module calls open on it
+    open_calls: dict[int, list[tuple[str, Optional[str]]]] = {}  # thread -> (phase, path) of open calls
     new = tuple.__new__  # Event's fields in order, without NamedTuple's Python-level __new__
     events: list[Event] = []
     add = events.append
@@ -148,9 +147,11 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
         if type_ == "hook":
             if phase is None:
                 stack = open_calls.get(tid)
-                phase = stack[-1] if stack else shims.FORWARD
+                phase = stack[-1][0] if stack else shims.FORWARD
+                if path is None and kind in _MODULE_OF_CALL and stack:
+                    path = stack[-1][1]
         elif type_ == "enter":
-            open_calls.setdefault(tid, []).append(phase)
+            open_calls.setdefault(tid, []).append((phase, path))
         else:
             stack = open_calls.get(tid)
             if stack:

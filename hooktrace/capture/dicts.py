@@ -6,6 +6,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 import torch.nn.modules.module as nn_module
+import torch.optim.optimizer as optim_module
 
 # module attribute -> kind ("_backward_hooks" is full or legacy by `_is_full_backward_hook`)
 CALL_DICTS = (
@@ -30,8 +31,22 @@ GLOBAL_DICTS = (
     ("_global_parameter_registration_hooks", "parameter_registration"),
     ("_global_buffer_registration_hooks", "buffer_registration"),
 )
+GLOBAL_OPTIMIZER_DICTS = (
+    ("_global_optimizer_pre_hooks", "optimizer_step_pre"),
+    ("_global_optimizer_post_hooks", "optimizer_step_post"),
+)
+OPTIMIZER_DICTS = (
+    ("_optimizer_step_pre_hooks", "optimizer_step_pre"),
+    ("_optimizer_step_post_hooks", "optimizer_step_post"),
+    ("_optimizer_state_dict_pre_hooks", "optimizer_state_dict_pre"),
+    ("_optimizer_state_dict_post_hooks", "optimizer_state_dict"),
+    ("_optimizer_load_state_dict_pre_hooks", "optimizer_load_state_dict_pre"),
+    ("_optimizer_load_state_dict_post_hooks", "optimizer_load_state_dict_post"),
+)
 TENSOR_DICTS = (("_backward_hooks", "grad"), ("_post_accumulate_grad_hooks", "post_accumulate_grad"))
-KIND_OF_ATTR = dict(MODULE_DICTS + GLOBAL_DICTS)
+KIND_OF_ATTR = dict(MODULE_DICTS + GLOBAL_DICTS + GLOBAL_OPTIMIZER_DICTS + OPTIMIZER_DICTS)
+# Scopes whose dicts hold a shim in place during the block (autograd calls them from there).
+IN_PLACE_SCOPES = frozenset({"tensor", "node"})
 
 
 class HookDict(NamedTuple):
@@ -40,12 +55,20 @@ class HookDict(NamedTuple):
     d: dict
     kind: str
     owner: Any
-    scope: str  # "module", "global" or "tensor"
+    scope: str  # "module", "global", "tensor" or "optimizer"
     tensor: Any = None  # the tensor, for tensor scope
 
 
 def global_dict(attr: str) -> Optional[dict]:
-    return getattr(nn_module, attr, None)
+    d = getattr(nn_module, attr, None)
+    return getattr(optim_module, attr, None) if d is None else d
+
+
+def scope_of(owner: Any) -> str:
+    """The scope of a hook in a dict owned by `owner` (None: a global dict)."""
+    if owner is None:
+        return "global"
+    return "optimizer" if isinstance(owner, torch.optim.Optimizer) else "module"
 
 
 def backward_kind(owner: Any) -> str:
@@ -60,7 +83,7 @@ def kind_of(attr: str, owner: Any) -> str:
 
 
 def global_dicts() -> Iterator[HookDict]:
-    for attr, _ in GLOBAL_DICTS:
+    for attr, _ in GLOBAL_DICTS + GLOBAL_OPTIMIZER_DICTS:
         d = global_dict(attr)
         if d is not None:
             yield HookDict(d, kind_of(attr, None), None, "global")
@@ -72,6 +95,14 @@ def module_dicts(module: Any) -> Iterator[HookDict]:
         d = md.get(attr)
         if d is not None:
             yield HookDict(d, kind_of(attr, module), module, "module")
+
+
+def optimizer_dicts(optimizer: Any) -> Iterator[HookDict]:
+    od = optimizer.__dict__
+    for attr, kind in OPTIMIZER_DICTS:
+        d = od.get(attr)
+        if d is not None:
+            yield HookDict(d, kind, optimizer, "optimizer")
 
 
 def tensor_dicts(tensor: Any) -> Iterator[HookDict]:

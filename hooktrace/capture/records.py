@@ -20,6 +20,10 @@ from .tensors import weak
 # Hook ids are PyTorch's handle ids, unique in the process. A dict copied with its module
 # (`copy.deepcopy`) holds the same ids: its hooks get COPY_BASE * n + id, n = 1, 2, ... per copy.
 COPY_BASE = 10**12
+# Hooks that have no RemovableHandle (saved-tensor pack/unpack per context object, forward wrappers
+# per (module, callable), DDP communication hooks per registration) get SYNTHETIC_BASE + n, n = 0, 1,
+# ... per capture: above every handle id and every copy id (up to 999 copies of one dict).
+SYNTHETIC_BASE = 10**15
 # PyTorch calls these module hooks with the module as first argument.
 _MODULE_FIRST = frozenset(
     {
@@ -34,6 +38,7 @@ _MODULE_FIRST = frozenset(
     }
 )
 _STATE_KINDS = frozenset(kind for _, kind in dicts.STATE_DICTS)
+_OPTIMIZER_KINDS = frozenset(kind for _, kind in dicts.OPTIMIZER_DICTS)
 
 
 @dataclass
@@ -64,6 +69,11 @@ class HookBook:
         self._views: dict[int, dict[int, tuple[Any, Any]]] = {}  # id(dict) -> {handle id: (hook, shim)}
         self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner, kind)
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
+        self._synthetic = itertools.count(SYNTHETIC_BASE)
+        # (id(module), id(forward)) -> (module, forward, shim); the objects are kept so ids stay unique
+        self._wrappers: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+        # id(saved_tensors_hooks object) -> (weakref or object, pack shim, unpack shim)
+        self._saved: dict[int, tuple[Any, Any, Any]] = {}
 
     # -- ids and records ---------------------------------------------------------------
     def trace_id(self, d: dict, hid: int) -> int:
@@ -123,8 +133,9 @@ class HookBook:
             fn,
             record.id,
             kind,
-            owner,
-            scope == "global" or (kind in _MODULE_FIRST and scope == "module"),
+            owner if scope == "module" else None,
+            (scope == "global" and kind not in _OPTIMIZER_KINDS)
+            or (kind in _MODULE_FIRST and scope == "module"),
         )
         if kind in _STATE_KINDS and hasattr(fn, "_from_public_api"):  # state_dict() reads it
             shim._from_public_api = fn._from_public_api
@@ -145,7 +156,7 @@ class HookBook:
             entry = cache.get(hid)
             if entry is None or entry[0] is not fn:
                 kind = dicts.kind_of(attr, owner)
-                record = self.record(d, hid, fn, kind, owner, "global" if owner is None else "module")
+                record = self.record(d, hid, fn, kind, owner, dicts.scope_of(owner))
                 entry = cache[hid] = (fn, self._shim(record, fn, owner))
                 fresh = True
             out[hid] = entry[1]
@@ -153,13 +164,13 @@ class HookBook:
             self.infer_prepends(d)
         return out
 
-    # -- tensor hooks: shims in place ---------------------------------------------------
-    def wrap_tensor_hook(self, d: dict, hid: int, kind: str, tensor: Any) -> Record:
+    # -- tensor and autograd-node hooks: shims in place ---------------------------------
+    def wrap_tensor_hook(self, d: dict, hid: int, kind: str, tensor: Any, scope: str = "tensor") -> Record:
         fn = d[hid]
         entry = self.tensor_shims.get(id(fn))
         if entry is not None and entry[0]() is fn:  # already ours
             return self.records[entry[2]]
-        record = self.record(d, hid, fn, kind, None, "tensor")
+        record = self.record(d, hid, fn, kind, None, scope)
         if record.tensor_ref is None:
             record.tensor_ref = weak(tensor)
         shim = self._shim(record, fn, None)
@@ -169,6 +180,42 @@ class HookBook:
         table[key] = (weakref.ref(shim, lambda _r: table.pop(key, None)), _ref(d), record.id)
         d[hid] = shim
         return record
+
+    # -- hooks without a RemovableHandle -----------------------------------------------
+    def _synthetic_record(self, fn: Any, kind: str, owner: Any, scope: str, site: Optional[Site]) -> Record:
+        tid = next(self._synthetic)
+        record = self.records[tid] = self._new_record(tid, tid, fn, kind, owner, scope)
+        if site is not None:
+            record.registered_at = site.registered_at
+            record.registered_by = site.registered_by
+            record.registered_during_run = site.during_run
+        return record
+
+    def forward_wrapper(self, module: Any, forward: Any) -> Any:
+        """The shim that `_call_impl`'s copy calls instead of a `forward` set on the module instance."""
+        entry = self._wrappers.get((id(module), id(forward)))
+        if entry is None or entry[1] is not forward:
+            record = self._synthetic_record(forward, "forward_wrapper", module, "module", None)
+            shim = shims.make_shim(self.rec, forward, record.id, "forward_wrapper", module, False)
+            entry = self._wrappers[(id(module), id(forward))] = (module, forward, shim)
+        return entry[2]
+
+    def saved_tensors_shims(self, ctx: Any, site: Site) -> tuple[Any, Any]:
+        """(pack shim, unpack shim) for one `saved_tensors_hooks` object, the same at each `__enter__`."""
+        entry = self._saved.get(id(ctx))
+        if entry is None or entry[0]() is not ctx:
+            made = []
+            for kind, fn in (("pack", ctx.pack_hook), ("unpack", ctx.unpack_hook)):
+                record = self._synthetic_record(fn, kind, None, "saved_tensors", site)
+                made.append(shims.make_shim(self.rec, fn, record.id, kind, None, False))
+            ref = weak(ctx)
+            entry = self._saved[id(ctx)] = (ref if ref is not None else (lambda: ctx), made[0], made[1])
+        return entry[1], entry[2]
+
+    def comm_shim(self, ddp: Any, hook: Any, site: Site) -> Any:
+        """The recording shim that the DDP reducer calls instead of `hook`."""
+        record = self._synthetic_record(hook, "comm", ddp, "module", site)
+        return shims.make_shim(self.rec, hook, record.id, "comm", ddp, False)
 
     def unwrap(self, d: dict) -> None:
         """Put the original tensor hooks back, in place (same keys, same order)."""
@@ -190,3 +237,5 @@ class HookBook:
         self._views.clear()
         self.seen_dicts.clear()
         self.tensor_shims.clear()
+        self._wrappers.clear()
+        self._saved.clear()

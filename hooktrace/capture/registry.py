@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.modules.module as nn_module
+import torch.optim.optimizer as optim_module
 from torch.utils.hooks import RemovableHandle
 
 from .views import _is_compiling
@@ -42,6 +43,18 @@ GLOBAL_FUNCTIONS = (
     ("register_module_module_registration_hook", "module_registration"),
     ("register_module_parameter_registration_hook", "parameter_registration"),
     ("register_module_buffer_registration_hook", "buffer_registration"),
+)
+OPTIMIZER_METHODS = (
+    ("register_step_pre_hook", "optimizer_step_pre"),
+    ("register_step_post_hook", "optimizer_step_post"),
+    ("register_state_dict_pre_hook", "optimizer_state_dict_pre"),
+    ("register_state_dict_post_hook", "optimizer_state_dict"),
+    ("register_load_state_dict_pre_hook", "optimizer_load_state_dict_pre"),
+    ("register_load_state_dict_post_hook", "optimizer_load_state_dict_post"),
+)
+OPTIMIZER_FUNCTIONS = (
+    ("register_optimizer_step_pre_hook", "optimizer_step_pre"),
+    ("register_optimizer_step_post_hook", "optimizer_step_post"),
 )
 TENSOR_METHODS = (("register_hook", "grad"), ("register_post_accumulate_grad_hook", "post_accumulate_grad"))
 
@@ -156,6 +169,18 @@ class Interceptor:
                     continue
                 patched = _register_wrapper(original, kind, True)
                 for namespace in (nn_module, torch.nn.modules, torch.nn):
+                    if getattr(namespace, name, None) is original:
+                        self._patch(namespace, name, patched)
+            optimizer = torch.optim.Optimizer
+            for name, kind in OPTIMIZER_METHODS:
+                if name in vars(optimizer):
+                    self._patch(optimizer, name, _register_wrapper(vars(optimizer)[name], kind, False))
+            for name, kind in OPTIMIZER_FUNCTIONS:
+                original = getattr(optim_module, name, None)
+                if original is None:
+                    continue
+                patched = _register_wrapper(original, kind, True)
+                for namespace in (optim_module, torch.optim):
                     if getattr(namespace, name, None) is original:
                         self._patch(namespace, name, patched)
             self._patch(RemovableHandle, "__init__", _handle_init_wrapper(vars(RemovableHandle)["__init__"]))

@@ -21,7 +21,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..schema import Meta, Module, Trace, gc_paused
-from . import build, dicts, registry, shims, sites, views
+from . import autograd, build, dicts, optim, registry, shims, sites, views
 from .records import HookBook, Site
 from .tensors import TensorNamer, hook_place, weak
 
@@ -58,8 +58,11 @@ class TraceSession:
         self._interceptor: Optional[registry.Interceptor] = None
         self._views: Optional[views.Installed] = None
         self._module_call: Any = None
+        self._optim: Optional[optim.Installed] = None
+        self._autograd: Optional[autograd.Installed] = None
         self._lock = threading.Lock()  # registration callbacks on other threads vs. the end of the block
         self._active = False
+        self._live = [False]  # shared with shims kept past the block (DDP comm hooks): open or not
         self._start_ns = 0
 
     # -- public API ----------------------------------------------------------------------
@@ -78,6 +81,7 @@ class TraceSession:
             )
         _ACTIVE = self
         self._active = True
+        self._live[0] = True
         self._start_ns = time.perf_counter_ns()
         self._meta.created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         try:
@@ -153,6 +157,8 @@ class TraceSession:
         self._run_codes.add(module_call.__code__)
         self._module_call = module_call
         self._views = views.Installed(self._book, module_call)
+        self._optim = optim.Installed()
+        self._autograd = autograd.Installed(self)
 
     def _finish(self) -> None:
         global _ACTIVE
@@ -161,6 +167,11 @@ class TraceSession:
             try:
                 with self._lock:
                     self._active = False
+                    self._live[0] = False
+                if self._autograd is not None:
+                    self._autograd.restore()
+                if self._optim is not None:
+                    self._optim.restore()
                 if self._views is not None:
                     self._views.restore()
                     shims.end_module_call(self._module_call)
@@ -171,7 +182,7 @@ class TraceSession:
                 if final is None:  # the walk failed: at least no shim stays in a tensor's dict
                     for ref, _owner, scope in list(self._book.seen_dicts.values()):
                         d = ref()
-                        if d is not None and scope == "tensor":
+                        if d is not None and scope in dicts.IN_PLACE_SCOPES:
                             self._book.unwrap(d)
                 if _ACTIVE is self:
                     _ACTIVE = None
@@ -203,7 +214,7 @@ class TraceSession:
             d = ref()
             if d is not None and id(d) not in final.seen:
                 final.seen.add(id(d))
-                if scope == "tensor":
+                if scope in dicts.IN_PLACE_SCOPES:
                     self._book.unwrap(d)
                 self._book.infer_prepends(d)
         return final
@@ -274,7 +285,7 @@ class TraceSession:
         if kind == "backward":
             kind = dicts.backward_kind(owner)
         # the record exists from now on, so a hook removed before it could fire is still in the trace
-        book.record(d, handle.id, d[handle.id], kind, owner, "global" if owner is None else "module")
+        book.record(d, handle.id, d[handle.id], kind, owner, dicts.scope_of(owner))
         book.infer_prepends(d)
 
     def _on_input(self, module: Any, tensor: Any) -> None:
@@ -287,6 +298,31 @@ class TraceSession:
                     record = self._book.wrap_tensor_hook(hd.d, hid, hd.kind, tensor)
                     if record.tensor_desc is None:
                         record.tensor_desc = ("input of", module)
+
+    # -- hooks held outside Python (capture/autograd.py) ---------------------------------
+    def on_node_hook(self, d: dict, handle: RemovableHandle, kind: str, node: Any, frame: FrameType) -> None:
+        """A hook registered on an autograd node: a shim stands in the node's dict for the block."""
+        site = self._site(frame)
+        with self._lock:
+            if not self._active or handle.id not in d:
+                return
+            self._book.sites[handle.id] = site
+            variable = getattr(node, "variable", None) if node is not None else None
+            self._book.wrap_tensor_hook(d, handle.id, kind, variable, scope="node")
+
+    def saved_tensors_shims(self, ctx: Any, frame: FrameType) -> tuple[Any, Any]:
+        return self._book.saved_tensors_shims(ctx, self._site(frame))
+
+    def comm_shim(self, ddp: Any, hook: Any, frame: FrameType) -> Any:
+        shim = self._book.comm_shim(ddp, hook, self._site(frame))
+        live = self._live
+
+        def hooktrace_comm_hook(state: Any, bucket: Any) -> Any:
+            # the reducer keeps this for good: record only while this capture is open
+            return shim(state, bucket) if live[0] else hook(state, bucket)
+
+        hooktrace_comm_hook.__wrapped__ = hook  # type: ignore[attr-defined]
+        return hooktrace_comm_hook
 
     # -- inventory -----------------------------------------------------------------------
     def _path_of(self, module: Any) -> Optional[str]:

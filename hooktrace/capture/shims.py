@@ -33,7 +33,9 @@ import torch
 
 from .views import _is_compiling
 
-FORWARD, BACKWARD, RECOMPUTE, OTHER = "forward", "backward", "recompute", "other"
+FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = "forward", "backward", "recompute", "optimizer", "other"
+# thread ident -> depth of `optimizer.step()` calls open on it (capture/optim.py marks them)
+STEPPING: dict[int, int] = {}
 
 # Kinds PyTorch calls with one to four positional arguments (module first, except tensor hooks), and
 # how many it passes without keyword flags (`with_kwargs` hooks get one more).
@@ -45,6 +47,17 @@ ARITY = {
     "forward": 3,
     "backward": 3,
     "backward_legacy": 3,
+    "node_pre": 1,  # (grad_outputs)
+    "node": 2,  # (grad_inputs, grad_outputs)
+    "pack": 1,
+    "unpack": 1,
+    "comm": 2,  # (state, bucket)
+    "optimizer_step_pre": 3,  # (optimizer, args, kwargs)
+    "optimizer_step_post": 3,
+    "optimizer_state_dict_pre": 1,  # (optimizer)
+    "optimizer_state_dict": 2,  # (optimizer, state_dict)
+    "optimizer_load_state_dict_pre": 2,
+    "optimizer_load_state_dict_post": 1,
 }
 POSITIONAL_KINDS = frozenset(ARITY)
 
@@ -265,6 +278,20 @@ SAME = {
     "module_registration": _same_third,
     "parameter_registration": _same_third,
     "buffer_registration": _same_third,
+    "node_pre": _same_first,  # grad_outputs -> replaced grad_outputs
+    "node": _same_first,  # PyTorch uses what a post hook returns in place of grad_inputs
+    # pack's result is what autograd stores, unpack's what it restores: their purpose, not a value that
+    # replaced what other hooks see (no `replaced-value` for them)
+    "pack": _ignored,
+    "unpack": _ignored,
+    "comm": _ignored,  # the future is the hook's result, not a replacement
+    "forward_wrapper": _ignored,  # the forward's output, not a replacement
+    "optimizer_step_pre": _same_pre,  # (args, kwargs) -> (args, kwargs)
+    "optimizer_step_post": _ignored,
+    "optimizer_state_dict_pre": _ignored,
+    "optimizer_state_dict": _same_second,
+    "optimizer_load_state_dict_pre": _same_second,
+    "optimizer_load_state_dict_post": _ignored,
 }
 RETURN_IGNORED = frozenset(kind for kind, same in SAME.items() if same is _ignored)
 
@@ -338,6 +365,7 @@ def make_module_call(
     compiling = _is_compiling
     tensor_class = torch.Tensor
     module_class = torch.nn.Module
+    stepping = STEPPING
 
     def hooktrace_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if compiling():
@@ -356,6 +384,8 @@ def make_module_call(
                 on_input(self, arg)
         seq = next(counter)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
+        if stepping and ident() in stepping:
+            phase = OPTIMIZER
         t0 = clock()
         try:
             if named is not self or self._compiled_call_impl is not None:

@@ -80,11 +80,13 @@ def hook_place(
 ) -> tuple[Optional[str], Optional[str]]:
     """The hook's `module` and `tensor` fields (SPEC §4)."""
     module = paths.get(id(owner)) if owner is not None else None
-    if scope != "tensor":
+    if scope not in ("tensor", "node"):
         return module, None
     if tensor is not None and id(tensor) in params:
         module, pname = params[id(tensor)]
         return module, (f"{module}.{pname}" if module else pname)
+    if scope == "node":  # named only when the node accumulates a parameter of the model
+        return None, None
     if desc is not None:
         how, described = desc
         owner_path = paths.get(id(described)) if described is not None else None

@@ -53,6 +53,8 @@ _CLASS_NAME = "_hooktrace_module_copies"
 class Viewer(Protocol):
     def view(self, d: dict, owner: Any, attr: str) -> dict: ...
 
+    def forward_wrapper(self, module: Any, forward: Any) -> Any: ...
+
 
 _viewer: Optional[Viewer] = None
 try:
@@ -79,52 +81,104 @@ def _substitute(view: str) -> Callable[[re.Match], str]:
     return substitute
 
 
-class _Copies:
-    """The rewritten copies of `nn.Module`'s hook-reading methods, made once per process."""
+def reads(owners: str, attrs: tuple[str, ...], globs: str) -> re.Pattern:
+    """`<owner>.<attr>.items()/.values()` or `<global dict>.items()/.values()`, as `_substitute` reads them."""
+    return re.compile(
+        rf"\b(?:(?P<owner>{owners})\.(?P<attr>" + "|".join(attrs) + r")"
+        rf"|(?P<glob>{globs}))\.(?P<method>items|values)\(\)"
+    )
 
-    def __init__(self) -> None:
+
+def _plain(value: Any) -> Any:
+    """The function behind a class attribute (staticmethod/classmethod unwrapped), else None."""
+    fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    return fn if inspect.isfunction(fn) else None
+
+
+class _Copies:
+    """Rewritten copies of a class's hook-reading methods (those of `module`'s source), made once.
+
+    `read` finds the hook-dict reads that go through `hooktrace_view`; `edits` are further
+    (pattern, replacement) pairs applied line by line (the forward read of `_call_impl`);
+    `names` are extra globals of the copies' namespace; the methods named in `fast` call
+    FAST_VIEW_NAME (the capture's own `view` while one is installed) instead of `hooktrace_view`.
+    """
+
+    def __init__(
+        self,
+        cls: type,
+        module: Any,
+        read: re.Pattern,
+        edits: tuple[tuple[re.Pattern, str], ...] = (),
+        names: Optional[dict[str, Any]] = None,
+        fast: frozenset[str] = frozenset(),
+    ) -> None:
         self.originals: dict[str, Any] = {}
         self.copies: dict[str, Any] = {}
         self.namespace: dict[str, Any] = {}
         pieces: list[tuple[int, list[str]]] = []
-        for name, fn in vars(torch.nn.Module).items():
-            if not inspect.isfunction(fn) or fn.__module__ != nn_module.__name__:
+        for name, value in vars(cls).items():
+            fn = _plain(value)
+            if fn is None or fn.__module__ != module.__name__:
                 continue
             try:
                 lines, first = inspect.getsourcelines(fn)
             except (OSError, TypeError):
                 continue
-            text = "".join(lines)
-            if not _READ.search(text):
+            if not read.search("".join(lines)):
                 continue
-            self.originals[name] = fn
-            sub = _substitute(FAST_VIEW_NAME if name == "_call_impl" else VIEW_NAME)
-            pieces.append(
-                (first, [_REBOUND.sub(_MODULE_NAME + r".\1", _READ.sub(sub, line)) for line in lines])
-            )
+            self.originals[name] = value
+            sub = _substitute(FAST_VIEW_NAME if name in fast else VIEW_NAME)
+            out_lines = []
+            for line in lines:
+                line = read.sub(sub, line)
+                for pattern, replacement in edits:
+                    line = pattern.sub(replacement, line)
+                out_lines.append(line)
+            pieces.append((first, out_lines))
         if not pieces:
             return
         pieces.sort()
         # One class body holding every copy at its own line numbers, so that `super()` has its cell
-        # (pointed at nn.Module below) and tracebacks name PyTorch's file and lines.
+        # (pointed at `cls` below) and tracebacks name PyTorch's file and lines.
         out = [""] * (pieces[0][0] - 2) + [f"class {_CLASS_NAME}:"]
         for first, lines in pieces:
             out += [""] * (first - 1 - len(out))
             out += [line.rstrip("\n") for line in lines]
-        namespace = self.namespace = dict(vars(nn_module))
+        namespace = self.namespace = dict(vars(module))
         namespace[VIEW_NAME] = namespace[FAST_VIEW_NAME] = hooktrace_view
-        namespace[_MODULE_NAME] = nn_module
-        exec(compile("\n".join(out) + "\n", nn_module.__file__ or "module.py", "exec"), namespace)  # noqa: S102
+        namespace[_MODULE_NAME] = module
+        namespace.update(names or {})
+        exec(compile("\n".join(out) + "\n", module.__file__ or "module.py", "exec"), namespace)  # noqa: S102
         made = vars(namespace.pop(_CLASS_NAME))
         for name, original in self.originals.items():
             copy = made[name]
-            if "__class__" in copy.__code__.co_freevars:  # zero-argument super() inside the copy
-                cell = copy.__closure__[copy.__code__.co_freevars.index("__class__")]
-                cell.cell_contents = torch.nn.Module
-            copy.__qualname__ = original.__qualname__
-            copy.__doc__ = original.__doc__
-            copy.__dict__.update(original.__dict__)
+            fn, orig_fn = _plain(copy), _plain(original)
+            if fn is not None and "__class__" in fn.__code__.co_freevars:  # zero-argument super()
+                cell = fn.__closure__[fn.__code__.co_freevars.index("__class__")]
+                cell.cell_contents = cls
+            target = fn if fn is not None else copy
+            target.__qualname__ = orig_fn.__qualname__
+            target.__doc__ = orig_fn.__doc__
+            if not hasattr(target, "__wrapped__"):  # a decorated copy keeps its own __wrapped__
+                target.__dict__.update(orig_fn.__dict__)
             self.copies[name] = copy
+
+
+# `self.forward` in `_call_impl`'s `forward_call = (...)`: a forward set on the instance is traced.
+_FORWARD_READ = (
+    re.compile(r"(_get_tracing_state\(\) else )self\.forward\b"),
+    r'\1(_hooktrace_forward(self) if "forward" in self.__dict__ else self.forward)',
+)
+
+
+def hooktrace_forward(module: Any) -> Any:
+    """What `_call_impl`'s copy calls as `forward`: a recording shim when `forward` is the instance's own."""
+    viewer = _viewer
+    md = module.__dict__
+    if viewer is None or "forward" not in md or _is_compiling() or "_orig_mod" in md.get("_modules", ()):
+        return module.forward  # not a capture, or torch.compile(m)'s own forward (the call is recorded)
+    return viewer.forward_wrapper(module, md["forward"])
 
 
 _made: Optional[_Copies] = None
@@ -133,7 +187,14 @@ _made: Optional[_Copies] = None
 def copies() -> _Copies:
     global _made
     if _made is None:
-        _made = _Copies()
+        _made = _Copies(
+            torch.nn.Module,
+            nn_module,
+            _READ,
+            ((_REBOUND, _MODULE_NAME + r".\1"), _FORWARD_READ),
+            {"_hooktrace_forward": hooktrace_forward},
+            frozenset({"_call_impl"}),
+        )
     return _made
 
 

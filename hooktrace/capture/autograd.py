@@ -1,0 +1,187 @@
+"""Autograd-node hooks, saved-tensor hooks and DDP communication hooks: hooks held outside Python.
+
+- **Node hooks** (`grad_fn.register_hook` / `register_prehook`, hooks on `AccumulateGrad` nodes, on
+  custom `Function` nodes): PyTorch's C++ `register_hook` looks `_register_hook(dict, hook)` up on
+  `torch.autograd.Function` (found on `_HookMixin`) each time and keeps the returned dict in the
+  node, where Python cannot read it back. While capturing, that function is PyTorch's plus one step:
+  a shim stands in the returned dict in place of the hook (same key), as for tensor hooks, and the
+  hook goes back at the end of the block. Post and pre hooks go through the same function; which of
+  the two was called, and on which node, is read from the registering line's bytecode
+  (`<expr>.register_prehook(...)` where `<expr>` is a name followed by attribute reads and constant
+  subscripts, re-read once: `acc.register_hook(h)`, `y.grad_fn.register_hook(h)`). When that line is
+  not of that form the kind is `node` and the node is unknown. Node hooks that PyTorch's own plumbing
+  registers (`BackwardHook` for module backward hooks, legacy backward hooks) are not user hooks and
+  are not traced.
+- **Saved-tensor hooks** (`torch.autograd.graph.saved_tensors_hooks`, `save_on_cpu`, checkpoint's
+  own): `saved_tensors_hooks.__enter__` pushes shims of the object's `pack_hook` / `unpack_hook`
+  (the object keeps its own attributes). They have no handle: one synthetic id per object and kind.
+- **DDP communication hooks**: `DistributedDataParallel.register_comm_hook` keeps the user's hook in
+  `_comm_hooks` and hands it to the C++ reducer through `torch.distributed._register_comm_hook`;
+  while capturing, the reducer gets a shim instead. The reducer holds it for good (a comm hook
+  cannot be unregistered): after the block the shim calls the hook without recording.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import sys
+from types import CodeType, FrameType
+from typing import Any, Callable, Optional
+
+import torch
+import torch.autograd.function as autograd_function
+from torch.autograd.graph import saved_tensors_hooks
+
+from . import sites
+from .views import _is_compiling
+
+_push_hooks: Callable[[Any, Any], None] = torch._C._autograd._push_saved_tensors_default_hooks
+_ORIGINAL_REGISTER = vars(autograd_function._HookMixin)["_register_hook"]
+_ORIGINAL_ENTER = vars(saved_tensors_hooks)["__enter__"]
+_current: Optional[Any] = None  # the capture's callbacks (session), while one is open
+
+
+# -- the registering line ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1024)
+def _instructions(code: CodeType) -> tuple[dis.Instruction, ...]:
+    return tuple(dis.get_instructions(code))
+
+
+def _registering_call(frame: FrameType) -> tuple[str, Any]:
+    """("node" | "node_pre", node or None) for the `register_hook`/`register_prehook` call in `frame`."""
+    code_ins = _instructions(frame.f_code)
+    at = next((i for i, ins in enumerate(code_ins) if ins.offset == frame.f_lasti), None)
+    if at is None:
+        return "node", None
+    method = None
+    for i in range(at - 1, max(at - 64, -1), -1):
+        ins = code_ins[i]
+        if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and ins.argval in ("register_hook", "register_prehook"):
+            method = i
+            break
+    if method is None:
+        return "node", None
+    kind = "node_pre" if code_ins[method].argval == "register_prehook" else "node"
+    # the receiver: a name, then attribute reads and constant subscripts
+    steps: list[tuple[str, Any]] = []
+    i = method - 1
+    while i >= 0:
+        ins = code_ins[i]
+        if ins.opname == "LOAD_ATTR":
+            steps.append(("attr", ins.argval))
+        elif ins.opname == "BINARY_SUBSCR" and i > 0 and code_ins[i - 1].opname == "LOAD_CONST":
+            steps.append(("item", code_ins[i - 1].argval))
+            i -= 1
+        elif ins.opname in ("LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME"):
+            if ins.is_jump_target:
+                return kind, None
+            steps.append(("name", ins.argval))
+            break
+        else:
+            return kind, None
+        if ins.is_jump_target:
+            return kind, None
+        i -= 1
+    else:
+        return kind, None
+    return kind, _evaluate(frame, steps[::-1])
+
+
+def _evaluate(frame: FrameType, steps: list[tuple[str, Any]]) -> Any:
+    try:
+        _, name = steps[0]
+        local, glob = frame.f_locals, frame.f_globals
+        if name in local:
+            obj = local[name]
+        elif name in glob:
+            obj = glob[name]
+        else:
+            obj = glob["__builtins__"][name] if isinstance(glob.get("__builtins__"), dict) else None
+        for how, what in steps[1:]:
+            obj = getattr(obj, what) if how == "attr" else obj[what]
+    except Exception:
+        return None
+    return obj if hasattr(obj, "next_functions") and hasattr(obj, "register_prehook") else None
+
+
+# -- patched functions (made once; a reference kept after the block passes straight through) -------
+def _register_hook(backward_hooks: Any, hook: Any) -> Any:
+    result = _ORIGINAL_REGISTER.__func__(backward_hooks, hook)
+    current = _current
+    if current is None or _is_compiling():
+        return result
+    frame = sys._getframe(1)
+    if sites._frame_class(frame.f_code.co_filename) == 2:  # BackwardHook / legacy backward plumbing
+        return result
+    kind, node = _registering_call(frame)
+    current.on_node_hook(result[0], result[1], kind, node, frame)
+    return result
+
+
+def _enter(self: Any) -> None:
+    current = _current
+    if current is None or _is_compiling():
+        return _ORIGINAL_ENTER(self)
+    pack, unpack = current.saved_tensors_shims(self, sys._getframe(1))
+    _push_hooks(pack, unpack)
+    return None
+
+
+_enter.__wrapped__ = _ORIGINAL_ENTER  # type: ignore[attr-defined]
+_enter.__qualname__ = _ORIGINAL_ENTER.__qualname__
+_enter.__doc__ = _ORIGINAL_ENTER.__doc__
+
+
+def _comm_patch(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _register_comm_hook(reducer: Any, state: Any, hook: Any) -> Any:
+        current = _current
+        if current is None or _is_compiling() or not callable(hook):
+            return original(reducer, state, hook)
+        frame = sys._getframe(1)
+        ddp = frame.f_locals.get("self")
+        if not isinstance(ddp, torch.nn.Module):
+            ddp = None
+        elif frame.f_back is not None:
+            frame = frame.f_back  # the caller of DistributedDataParallel.register_comm_hook
+        return original(reducer, state, current.comm_shim(ddp, hook, frame))
+
+    return _register_comm_hook
+
+
+@functools.cache
+def _comm_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    return _comm_patch(original)
+
+
+class Installed:
+    """The three patches for one capture; `restore()` puts PyTorch's functions back."""
+
+    def __init__(self, callbacks: Any) -> None:
+        global _current
+        if _current is not None:
+            raise RuntimeError("another capture's autograd patches are installed")
+        self._saved: list[tuple[Any, str, Any]] = []
+        _current = callbacks
+        try:
+            self._set(autograd_function._HookMixin, "_register_hook", staticmethod(_register_hook))
+            self._set(saved_tensors_hooks, "__enter__", _enter)
+            dist = getattr(torch, "distributed", None)
+            original = getattr(dist, "_register_comm_hook", None) if dist is not None else None
+            if original is not None:
+                self._set(dist, "_register_comm_hook", _comm_wrapper(original))
+        except BaseException:
+            self.restore()
+            raise
+
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        self._saved.append((owner, name, vars(owner)[name]))
+        setattr(owner, name, value)
+
+    def restore(self) -> None:
+        global _current
+        _current = None
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
