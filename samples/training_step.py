@@ -3,9 +3,10 @@
 Run:  hooktrace run samples/training_step.py
 
 What to look for:
-- The step ends with `optimizer.step()`: its hooks are in the `optimizer` phase, the global
-  `register_optimizer_step_pre_hook` first, then the optimizer's own pre-hook; after the update,
-  the optimizer's post-hook, then the global post-hook.
+- The step ends with `optimizer.step()`: its pre-hook and (after the update) its post-hook are in
+  the `optimizer` phase. (A global `register_optimizer_step_pre_hook` would fire for every
+  optimizer, the in-backward ones too; it is left out here because it would stay registered in
+  the process after the run.)
 - `head.weight` and `head.bias` are updated *inside* backward ("optimizer in backward"): a
   `post_accumulate_grad` hook on each runs its own SGD step as soon as its gradient is ready, and
   sets `.grad` to None so the main optimizer skips them.
@@ -17,7 +18,6 @@ What to look for:
 from __future__ import annotations
 
 import torch
-import torch.optim.optimizer as optim_module
 from torch import nn
 
 import hooktrace
@@ -69,10 +69,6 @@ def make() -> hooktrace.Target:
     def after_step(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         CALLS.append("optimizer_post")
 
-    def every_optimizer(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        CALLS.append(f"global_pre:{type(opt).__name__}")
-
     optimizer.register_step_pre_hook(before_step)
     optimizer.register_step_post_hook(after_step)
-    optim_module.register_optimizer_step_pre_hook(every_optimizer)
     return hooktrace.Target(model, inputs=torch.randn(4, 8), optimizer=optimizer)

@@ -545,3 +545,54 @@ def test_no_capture_objects_left_in_dicts_after_the_block():
         opt.register_step_pre_hook(L := Log().fn("x"))
     assert list(opt._optimizer_step_pre_hooks.values()) == [L]
     assert OrderedDict(optim_module._global_optimizer_pre_hooks) == OrderedDict()
+
+
+# -- the samples: traced order == what their hooks recorded ------------------------------------------
+
+
+def _sample(name: str, tmp_path: Any) -> tuple[Any, list[str]]:
+    from tests.test_samples import run_sample
+
+    return run_sample(name, tmp_path)
+
+
+def test_sample_training_step(tmp_path):
+    trace, calls = _sample("training_step", tmp_path)
+    names = {
+        "make.<locals>.step_now": None,
+        "make.<locals>.after_accumulate": "accumulated:body.weight",
+        "make.<locals>.before_step": "optimizer_pre",
+        "make.<locals>.after_step": "optimizer_post",
+    }
+    traced = []
+    for e in trace.hook_events():
+        hook = trace.hook(e.hook)
+        label = names[hook.name]
+        traced.append(label or f"in_backward_step:{hook.tensor}")
+    assert traced == calls
+    assert calls.index("accumulated:body.weight") < calls.index("optimizer_pre")
+    kinds = {trace.hook(e.hook).name: (e.kind, e.phase) for e in trace.hook_events()}
+    assert kinds["make.<locals>.after_accumulate"] == ("node", "backward")
+    assert kinds["make.<locals>.before_step"] == ("optimizer_step_pre", "optimizer")
+    [acc] = [h for h in trace.hooks if h.kind == "node"]
+    assert (acc.module, acc.tensor) == ("body", "body.weight")
+
+
+def test_sample_saved_tensors(tmp_path):
+    trace, calls = _sample("saved_tensors", tmp_path)
+    mine = [trace.hook(e.hook).name for e in trace.hook_events() if e.kind in ("pack", "unpack")]
+    assert [n.split("_")[1] for n in mine if n.startswith("count_")] == calls
+    first_recompute = next(e.seq for e in trace.events if e.phase == "recompute")
+    trigger = trace.events[first_recompute - 1]
+    assert trigger.kind == "unpack" and "_checkpoint_hook" in trace.hook(trigger.hook).name
+    assert any("save_on_cpu" in trace.hook(e.hook).name for e in trace.hook_events() if e.module == "block.0")
+
+
+def test_sample_forward_wrapper(tmp_path):
+    trace, calls = _sample("forward_wrapper", tmp_path)
+    assert calls == ["pre", "wrapper:pre_forward", "wrapper:post_forward", "post"]
+    assert [e.kind for e in trace.hook_events() if e.module == "fc1"] == [
+        "forward_pre",
+        "forward_wrapper",
+        "forward",
+    ]

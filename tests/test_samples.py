@@ -23,6 +23,9 @@ SAMPLE_NAMES = [
     "quantization",
     "always_call",
     "transformer",
+    "training_step",
+    "saved_tensors",
+    "forward_wrapper",
 ]
 
 
