@@ -210,7 +210,8 @@ def to_device(obj: Any, device: Any) -> Any:
 
 
 def _check_arity(model: Any, count: int) -> None:
-    """More `--input` than `forward` takes positionally -> UsageError (before anything runs)."""
+    """More `--input` than `forward` takes positionally, or fewer than it needs -> UsageError
+    (before anything runs)."""
     try:
         signature = inspect.signature(model.forward)
     except (TypeError, ValueError):  # a builtin or odd callable: let the forward call decide
@@ -218,11 +219,15 @@ def _check_arity(model: Any, count: int) -> None:
     params = list(signature.parameters.values())
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if count > len(positional):
-        names = ", ".join(positional) or "none"
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if count > len(positional) or count < len(required):
+        names = ", ".join(p.name for p in positional) or "none"
+        takes = (
+            f"{len(required)} to {len(positional)}" if len(required) != len(positional) else len(positional)
+        )
         raise UsageError(
-            f"{count} --input given but {type(model).__name__}.forward takes {len(positional)} positional "
+            f"{count} --input given but {type(model).__name__}.forward takes {takes} positional "
             f"input(s) ({names}); give one --input per positional argument"
         )
 

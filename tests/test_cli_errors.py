@@ -284,11 +284,12 @@ def test_a_stopped_run_restores_every_hook_dict(tmp_path: Path) -> None:
 
     model[1].register_forward_pre_hook(stop)
     before = [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model]
+    handler = signal.getsignal(signal.SIGTERM)
     result = run_target(Factory("inline", lambda: (model, torch.ones(1, 2)), "make()"), stop_signals=True)
     assert result.stopped_by == signal.SIGTERM and result.exception is None
     after = [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model]
     assert after == before and kept.id in model[0]._forward_hooks
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+    assert signal.getsignal(signal.SIGTERM) is handler  # ours is gone again
     assert [e.kind for e in result.trace.hook_events()] == ["forward", "forward_pre"]
 
 
@@ -341,3 +342,16 @@ def test_a_run_that_fails_before_writing_touches_nothing(
         "bad_factory.py",
         "run.json",
     ]
+
+
+def test_mark_step_outside_the_block_is_refused_clearly() -> None:
+    """Issue 13: before the block it shifted every step (events step 2, meta.steps 3)."""
+    model = nn.Linear(2, 2)
+    session = hooktrace.trace(model)
+    with pytest.raises(RuntimeError, match=r"mark_step\(\) works inside the `with hooktrace.trace"):
+        session.mark_step()
+    with session as t:
+        model(torch.ones(1, 2))
+    with pytest.raises(RuntimeError, match="inside the `with"):
+        t.mark_step()
+    assert t.trace.meta.steps == 1 and {e.step for e in t.trace.events} == {0}

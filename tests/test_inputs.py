@@ -160,6 +160,8 @@ def test_an_input_too_large_to_allocate_is_a_usage_error() -> None:
 def test_more_inputs_than_forward_takes_is_refused_before_running() -> None:
     with pytest.raises(UsageError, match="3 --input given but Linear.forward takes 1 positional"):
         prepare(coerce_result(nn.Linear(3, 2)), RunOptions(input_shapes=("2x3", "2x3", "2x3")))
+    with pytest.raises(UsageError, match="1 --input given but Bilinear.forward takes 2 positional"):
+        prepare(coerce_result(nn.Bilinear(3, 5, 2)), RunOptions(input_shapes=("4x3",)))
     bilinear = prepare(coerce_result(nn.Bilinear(3, 5, 2)), RunOptions(input_shapes=("4x3", "4x5")))
     assert [tuple(a.shape) for a in bilinear.inputs.args] == [(4, 3), (4, 5)]
 
