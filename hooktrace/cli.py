@@ -257,6 +257,7 @@ def _run_ranks(
     golden: Optional[Trace],
     check: Optional[Path],
     view: dict[str, Any],
+    show_traceback: bool = False,
 ) -> int:
     """`--nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
     from .ranks import DEFAULT_TIMEOUT, run_ranks
@@ -277,6 +278,10 @@ def _run_ranks(
         print(ranks.summary())
     else:  # keep stdout one document (`-f json | jq`)
         _stderr(ranks.summary())
+    if show_traceback:
+        for failed in ranks.failed:
+            if failed.traceback:  # from the rank's elastic error file
+                _stderr(f"rank {failed.rank} ({failed.state}):\n{failed.traceback.rstrip()}")
     code = ranks.exit_code
     if golden is not None and ranks.shown is not None:
         if not _compare(golden, ranks.shown, str(check), f"rank {ranks.show_rank}", check=True):
@@ -339,7 +344,8 @@ def run(
             raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
         golden = _load_trace(check) if check is not None else None
         if nproc is not None:
-            raise typer.Exit(_run_ranks(target, nproc, rank, options, format, output, golden, check, view))
+            code = _run_ranks(target, nproc, rank, options, format, output, golden, check, view, traceback)
+            raise typer.Exit(code)
         from .target import load_factory
 
         factory = load_factory(target)  # before importing torch: a missing file is reported at once

@@ -20,6 +20,7 @@ import pytest
 
 from hooktrace.analysis.ranks import compare_pair, compare_ranks
 from hooktrace.ranks import (
+    DIED,
     FAILED,
     HUNG,
     OK,
@@ -470,3 +471,51 @@ def test_timeout_zero_is_refused_when_the_command_line_is_parsed(tmp_path: Path)
             f"error: Invalid value for '--timeout': {value} is not a positive number of seconds; "
             "see hooktrace run --help"
         ]
+
+
+FAILING_ALONE = """
+import os
+
+import torch
+from torch import nn
+
+
+def boom(module, args, output):
+    if os.environ.get("ABORT"):
+        os.abort()  # the process dies from SIGABRT: no error file, only its stderr
+    raise RuntimeError("boom in a forward hook")
+
+
+def make():
+    model = nn.Linear(4, 4)
+    model.register_forward_hook(boom)
+    return model, torch.randn(2, 4)
+"""
+
+
+def test_traceback_shows_each_failed_rank_s_traceback_from_its_error_file(tmp_path: Path) -> None:
+    factory = tmp_path / "failing.py"
+    factory.write_text(FAILING_ALONE)
+    proc = _hooktrace("run", str(factory), "--nproc", "1", "--traceback", env=dict(os.environ))
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 1, stdout + stderr
+    assert (
+        "rank 0: failed" in stdout
+        and "forward hook boom raised RuntimeError: boom in a forward hook" in stdout
+    )
+    tb = stderr[stderr.index("rank 0 (failed):") :]
+    assert "Traceback (most recent call last)" in tb and 'raise RuntimeError("boom in a forward hook")' in tb
+
+
+def test_a_rank_killed_by_a_signal_died_and_its_last_words_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    factory = tmp_path / "failing.py"
+    factory.write_text(FAILING_ALONE)
+    monkeypatch.setenv("ABORT", "1")
+    result = run_ranks(str(factory), 1, out=str(tmp_path / "d.json"), timeout=60)
+    (only,) = result.ranks
+    assert only.state == DIED and only.exitcode == -signal.SIGABRT, result.summary()
+    assert only.error is not None and only.error.startswith("the rank's process died from SIGABRT")
+    assert "failing.py" in only.error  # faulthandler's last line: where it died
+    assert only.trace is None and not (tmp_path / "d.rank0.json").exists() and result.exit_code == 1

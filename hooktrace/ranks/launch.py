@@ -9,8 +9,9 @@ fails it stops the others itself (PyTorch's all-or-nothing policy). On top of th
 
 - `--timeout S` (see `run_ranks`): a rank that stops making progress, or outlives another by S
   seconds, is stopped with every other rank, and reported `hung`;
-- SIGINT / SIGTERM / SIGHUP to this process (the `PContext` turns them into `SignalException`)
-  stop every rank; each writes its partial trace, and the result says which signal it was.
+- SIGINT / SIGTERM / SIGHUP to this process (our handlers raise `Interrupted`, the `PContext`'s
+  torch's `SignalException`) stop every rank; each writes its partial trace, and the result says
+  which signal it was.
 
 Then every `PATH.rank{r}.json` is loaded and the ranks' hook orders are compared
 (`hooktrace.analysis.ranks.compare_ranks`, pure). torch is imported inside `run_ranks` only.
@@ -165,28 +166,44 @@ def run_ranks(
     )
 
 
+class Interrupted(Exception):
+    """SIGINT/SIGTERM/SIGHUP while ranks may run (the PContext's own handlers raise torch's
+    SignalException, with the same `sigval`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"hooktrace got {signal.Signals(signum).name}")
+        self.sigval = signal.Signals(signum)
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def _stop_signals() -> tuple[type[Exception], ...]:
+    """What a stop signal raises here: ours, and torch's once its handlers can be installed."""
+    elastic = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
+    return (Interrupted,) if elastic is None else (Interrupted, elastic.SignalException)
+
+
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[dict[str, int]]:
-    """While ranks may run, SIGINT/SIGTERM/SIGHUP raise torch's SignalException (as the PContext's
-    own handlers do); the handlers found are restored afterwards. A signal that arrives outside the
-    launch (while the traces are read) is recorded in the yielded dict and ends the reading."""
-    from torch.distributed.elastic.multiprocessing import SignalException
-
-    def raise_signal(signum: int, frame: Any) -> None:
-        raise SignalException(f"hooktrace got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
-
+    """While ranks may run, SIGINT/SIGTERM/SIGHUP raise (installed before torch is imported); the
+    handlers found are restored afterwards. A signal that arrives outside the launch (while the
+    traces are read) is recorded in the yielded dict and ends the reading."""
     saved = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     seen: dict[str, int] = {}
     for sig in _SIGNALS:
-        signal.signal(sig, raise_signal)
+        signal.signal(sig, _raise_interrupted)
     elastic = logging.getLogger("torch.distributed.elastic")
     quiet = logging.NullHandler()  # its warnings ("Sending process ... closing signal") are ours to say
     elastic.addHandler(quiet)
     propagate, elastic.propagate = elastic.propagate, False  # torch's own handler sits on "torch"
     try:
         yield seen
-    except SignalException as exc:
-        seen["signal"] = int(exc.sigval)
+    except Exception as exc:
+        if not isinstance(exc, _stop_signals()):
+            raise
+        seen["signal"] = int(exc.sigval)  # type: ignore[attr-defined]
     finally:
         elastic.propagate = propagate
         elastic.removeHandler(quiet)
@@ -235,18 +252,13 @@ class _Watch:
         self.store: Any = None
 
     def launch(self, job: dict[str, Any], run_dir: str) -> None:
-        from torch.distributed import TCPStore
-        from torch.distributed.elastic.multiprocessing import (
-            DefaultLogsSpecs,
-            SignalException,
-            Std,
-            start_processes,
-        )
-
         wait = datetime.timedelta(seconds=self.join_timeout)
         run_id = uuid.uuid4().hex
         self.since = dict.fromkeys(range(self.nproc), time.monotonic())
         try:
+            from torch.distributed import TCPStore
+            from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+
             self.store = TCPStore("127.0.0.1", 0, None, is_master=True, timeout=wait, wait_for_workers=False)
             self.pc = start_processes(
                 name="hooktrace",
@@ -257,7 +269,7 @@ class _Watch:
             )
             while not self._done():
                 time.sleep(_POLL)
-        except SignalException as exc:
+        except _stop_signals() as exc:
             self.interrupted = int(exc.sigval)
             self._stop(exc.sigval)
         now = time.monotonic()
@@ -300,14 +312,12 @@ class _Watch:
 
     def _stop(self, sig: signal.Signals) -> None:
         """Stop every rank: `sig` to each rank's process group, SIGKILL after STOP_GRACE seconds."""
-        from torch.distributed.elastic.multiprocessing import SignalException
-
         if self.pc is None:
             return
         self.stopping = True
         try:
             self.pc.close(death_sig=sig, timeout=STOP_GRACE)
-        except SignalException:  # asked again while waiting: no more grace
+        except _stop_signals():  # asked again while waiting: no more grace
             self.pc.close(death_sig=signal.SIGKILL, timeout=STOP_GRACE)
 
     def _read(self, key: str) -> Optional[str]:
@@ -372,25 +382,23 @@ class _Watch:
             outcome.error = f"the rank's process died from {_signal_name(-code)}"
         else:
             outcome.error = f"the rank's process exited with code {code} without a word"
-        last = self._stderr_tail(outcome.rank)
-        if last:
-            outcome.error += f"; its last words: {last}"
+        said = self._last_words(outcome)
+        if said:
+            outcome.error += f"; {said}"
 
-    def _stopped(self, outcome: RankOutcome) -> bool:
-        """Whether hooktrace or the PContext (after another rank failed first) stopped this rank."""
-        if self.stopping:
-            return True
-        mine = self.ended.get(outcome.rank, 0.0)
-        handlers = self.pc.subprocess_handlers
-        return any(
-            handlers[r].proc.returncode not in (0, None) and self.ended.get(r, mine) < mine
-            for r in range(self.nproc)
-            if r != outcome.rank
-        )
-
-    def _stderr_tail(self, rank: int) -> str:
-        with contextlib.suppress(OSError, KeyError):
-            with open(self.pc.stderrs[rank], encoding="utf-8", errors="replace") as fh:
-                lines = [line.strip() for line in fh.read()[-4000:].splitlines() if line.strip()]
-            return lines[-1] if lines else ""
-        return ""
+    def _last_words(self, outcome: RankOutcome) -> str:
+        """What a rank that ended without an error file left on stderr: faulthandler's dump (kept as
+        its traceback; the fatal error and the innermost frame are quoted), else its last line."""
+        try:
+            with open(self.pc.stderrs[outcome.rank], encoding="utf-8", errors="replace") as fh:
+                text = fh.read()[-20000:]
+        except (OSError, KeyError):
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")]
+        if fatal:
+            dump = lines[fatal[-1] :]
+            outcome.traceback = "\n".join(dump)
+            frames = [line for line in dump if line.startswith("File ")]
+            return f"{dump[0]}" + (f", in {frames[0]}" if frames else "")
+        return f"its last words: {lines[-1]}" if lines else ""

@@ -154,7 +154,7 @@ class RanksResult:
 
     def summary(self) -> str:
         """The per-rank agreement summary printed under the tree of `show_rank`."""
-        lines = [f"{self.nproc} ranks (showing rank {self.show_rank}):"]
+        lines = [f"{self.nproc} rank{'s' if self.nproc != 1 else ''} (showing rank {self.show_rank}):"]
         lines += ["  " + o.describe().replace("\n", "\n  ") for o in self.ranks]
         lines += self._notes()
         if self.interrupted is not None:
