@@ -1,5 +1,5 @@
-"""Trace format (SPEC §4): version 2 written, versions 1 and 2 read, every field checked on load,
-bounded gzip, atomic writes, and the kinds table."""
+"""Trace format (SPEC §4): version 2 written, versions 1 and 2 read, every field checked on load.
+(gzip, atomic writes and the kinds table: test_trace_files.py.)"""
 
 from __future__ import annotations
 
@@ -7,61 +7,14 @@ import copy
 import gzip
 import io
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from hooktrace.io import dumps
-from hooktrace.schema import Event, Hook, Meta, Module, Surprise, Trace, TraceFormatError, load
+from hooktrace.schema import Event, Trace, TraceFormatError, load
+from tests.trace_samples import realistic, sample, v1_dict, write
 
 DATA = Path(__file__).parent / "data"
-THREAD = 140_245_819_283_264  # a real CPython thread ident is this long
-
-
-def sample() -> Trace:
-    hooks = [
-        Hook(
-            id=3,
-            kind="forward_pre",
-            scope="module",
-            module="fc",
-            name="f",
-            prepend=True,
-            prepend_source="registration",
-        ),
-        Hook(id=9, kind="grad", scope="tensor", module="fc", tensor="fc.weight", name="g"),
-    ]
-    events = [
-        Event(0, 0, "enter", "forward", "fc", None, None, THREAD, 0, 50, False, None),
-        Event(1, 0, "hook", "forward", "fc", 3, "forward_pre", THREAD, 5, 2, True, None),
-        Event(2, 0, "exit", "forward", "fc", None, None, THREAD, 50, 0, False, "ValueError: x"),
-        Event(3, 0, "hook", "backward", "fc", 9, "grad", THREAD + 1, 70, 3, False, None),
-    ]
-    return Trace(
-        Meta(torch="2.13.0", python="3.11", steps=1, created="2026-12-02T00:00:00+00:00"),
-        [Module("", "Sequential"), Module("fc", "Linear")],
-        hooks,
-        events,
-        [Surprise("replaced-value", "m", [3], [1]), Surprise("never-fired", "n", [9], [], level="info")],
-    )
-
-
-def v1_dict(t: Trace) -> dict:
-    """The version 1 document of `t`, as hooktrace wrote it before version 2."""
-    d = t.to_dict()
-    d["version"] = 1
-    d["events"] = [e._asdict() for e in t.events]
-    for s in d["surprises"]:
-        del s["level"]
-    return d
-
-
-def write(path: Path, data) -> Path:
-    path.write_bytes(dumps(data))
-    return path
 
 
 # -- version 2 written ---------------------------------------------------------------------------------------
@@ -113,55 +66,6 @@ def test_events_with_the_wrong_number_of_values_are_not_saved(tmp_path):
     with pytest.raises(TraceFormatError, match=r"events\[2\] has 11 values"):
         t.save(tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
-
-
-def realistic(n: int) -> Trace:
-    """Events shaped like a real capture: enter, four hooks, exit per call over 300 module paths."""
-    paths = [f"layers.{i // 8}.sub{i % 8}" for i in range(300)]
-    hooks = [
-        Hook(id=10 + i, kind=("forward_pre", "forward", "forward", "grad")[i % 4], scope="module")
-        for i in range(600)
-    ]
-    events, t = [], 1_000_000
-    for seq in range(n):
-        r, path = seq % 6, paths[(seq // 6) % 300]
-        t += 1_350
-        if r in (0, 5):
-            events.append(
-                Event(
-                    seq,
-                    0,
-                    "enter" if r == 0 else "exit",
-                    "forward",
-                    path,
-                    None,
-                    None,
-                    THREAD,
-                    t,
-                    41_000 if r == 0 else 0,
-                    False,
-                    None,
-                )
-            )
-        else:
-            kind = ("forward_pre", "forward", "forward", "grad")[r - 1]
-            events.append(
-                Event(
-                    seq,
-                    0,
-                    "hook",
-                    "backward" if kind == "grad" else "forward",
-                    path,
-                    10 + (seq // 6 % 150) * 4 + r - 1,
-                    kind,
-                    THREAD,
-                    t,
-                    712,
-                    False,
-                    None,
-                )
-            )
-    return Trace(Meta(), [Module(p, "Linear") for p in paths], hooks, events)
 
 
 def test_bytes_per_event_of_version_2(tmp_path):
@@ -440,182 +344,3 @@ def test_duplicate_keys_load_the_same_small_and_large(tmp_path):
         v1 = v1.replace('"seq": 1,', '"seq": 0, "seq": 1,', 1)
         path.write_text(v1)
         assert load(path).events == t.events
-
-
-# -- gzip ----------------------------------------------------------------------------------------------------
-
-
-def test_gzip_is_opt_in_by_file_name_and_read_by_content(tmp_path):
-    t = sample()
-    t.save(tmp_path / "t.json.gz")
-    raw = (tmp_path / "t.json.gz").read_bytes()
-    assert raw[:2] == b"\x1f\x8b"
-    assert gzip.decompress(raw) == t.to_json()  # the same JSON inside
-    assert load(tmp_path / "t.json.gz").to_dict() == t.to_dict()
-    (tmp_path / "renamed.json").write_bytes(raw)
-    assert load(tmp_path / "renamed.json").to_dict() == t.to_dict()
-    t.save(tmp_path / "plain.json")
-    assert (tmp_path / "plain.json").read_bytes()[:1] == b"{"
-
-
-def test_broken_gzip_is_a_format_error(tmp_path):
-    path = tmp_path / "t.json.gz"
-    path.write_bytes(b"\x1f\x8b\x08\x00garbage")
-    with pytest.raises(TraceFormatError, match="gzip"):
-        load(path)
-    path.write_bytes(gzip.compress(sample().to_json())[:-30])  # cut short
-    with pytest.raises(TraceFormatError, match="gzip"):
-        load(path)
-
-
-def test_a_gzip_bomb_is_refused_within_a_memory_limit(tmp_path):
-    """1 GiB of JSON whitespace in about 1 MB of gzip, loaded with 600 MiB of address space."""
-    import zlib
-
-    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
-    block = b" " * (1 << 20)
-    parts = [packer.compress(b'{"format":"hooktrace.trace",')]
-    parts += [packer.compress(block) for _ in range(1024)]
-    parts.append(packer.compress(b"}") + packer.flush())
-    bomb = tmp_path / "bomb.json.gz"
-    bomb.write_bytes(b"".join(parts))
-    assert bomb.stat().st_size < 2 << 20
-    code = textwrap.dedent(
-        f"""
-        import resource
-        resource.setrlimit(resource.RLIMIT_AS, (600 << 20, 600 << 20))
-        from hooktrace.schema import TraceFormatError, load
-        try:
-            load({str(bomb)!r})
-        except TraceFormatError as exc:
-            print("refused:", exc)
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith("refused:") and "inflates to more than" in proc.stdout
-
-
-def test_a_large_real_trace_inflates_within_the_bound(tmp_path):
-    realistic(300_000).save(tmp_path / "t.json.gz")
-    assert len(load(tmp_path / "t.json.gz").events) == 300_000
-
-
-# -- kinds table -----------------------------------------------------------------------------------------
-
-
-def test_kinds_table_covers_spec_v2():
-    from hooktrace import kinds
-
-    assert kinds.SCOPES == ("module", "global", "tensor", "node", "optimizer", "saved_tensors")
-    assert kinds.PHASES == ("forward", "backward", "recompute", "optimizer", "other")
-    assert kinds.kinds_of("tensor") == ("grad", "post_accumulate_grad")
-    assert kinds.kinds_of("node") == ("node_pre", "node")
-    assert kinds.kinds_of("saved_tensors") == ("pack", "unpack")
-    assert set(kinds.kinds_of("optimizer")) == {
-        "optimizer_step_pre",
-        "optimizer_step_post",
-        "optimizer_state_dict_pre",
-        "optimizer_state_dict",
-        "optimizer_load_state_dict_pre",
-        "optimizer_load_state_dict_post",
-    }
-    assert set(kinds.kinds_of("global")) == set(kinds.MODULE_KINDS) | set(kinds.REGISTRATION_KINDS) | {
-        "optimizer_step_pre",
-        "optimizer_step_post",
-    }
-    assert {"forward_wrapper", "comm"} <= set(kinds.kinds_of("module"))
-    for k in kinds.TABLE.values():
-        assert k.scopes and set(k.scopes) <= set(kinds.SCOPES)
-        assert k.phase is kinds.ENCLOSING or k.phase in kinds.PHASES
-        assert k.label and kinds.label(k.name) == k.label
-    assert kinds.TABLE["forward"].phase is kinds.ENCLOSING and kinds.TABLE["grad"].phase == "backward"
-    assert kinds.label("no_such_kind") == "no_such_kind"
-
-
-# -- atomic writes -----------------------------------------------------------------------------------------
-
-
-def test_write_atomic_replaces_keeps_mode_and_leaves_no_temp(tmp_path):
-    import os
-
-    from hooktrace.io import write_atomic
-
-    path = tmp_path / "out.txt"
-    write_atomic(path, "first")
-    assert path.read_text() == "first"
-    os.chmod(path, 0o640)
-    write_atomic(path, b"second")
-    assert path.read_bytes() == b"second" and (os.stat(path).st_mode & 0o777) == 0o640
-    write_atomic(path, lambda fh: fh.write(b"third"))
-    assert path.read_bytes() == b"third"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
-
-
-def test_write_atomic_failure_leaves_the_old_file(tmp_path):
-    from hooktrace.io import write_atomic
-
-    path = tmp_path / "out.txt"
-    path.write_text("good")
-
-    def failing(fh):
-        fh.write(b"partial")
-        raise RuntimeError("mid-way")
-
-    with pytest.raises(RuntimeError, match="mid-way"):
-        write_atomic(path, failing)
-    assert path.read_text() == "good"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
-    with pytest.raises(RuntimeError):
-        write_atomic(tmp_path / "new.txt", failing)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
-
-
-def test_write_atomic_under_a_file_size_limit_leaves_the_old_file(tmp_path):
-    """RLIMIT_FSIZE: the write fails part-way (EFBIG); the earlier file stays whole."""
-    import subprocess
-    import textwrap
-
-    path = tmp_path / "out.json"
-    path.write_bytes(b"x" * 10_000)
-    code = textwrap.dedent(
-        f"""
-        import resource, signal
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-        from hooktrace.io import write_atomic
-        try:
-            write_atomic({str(path)!r}, b"y" * 100_000)
-        except OSError as exc:
-            print("failed", exc.errno)
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.startswith("failed")
-    assert path.read_bytes() == b"x" * 10_000
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
-
-
-def test_write_atomic_through_a_symlink_keeps_the_link(tmp_path):
-    from hooktrace.io import write_atomic
-
-    real = tmp_path / "real.txt"
-    real.write_text("old")
-    link = tmp_path / "link.txt"
-    link.symlink_to(real)
-    write_atomic(link, "new")
-    assert link.is_symlink() and real.read_text() == "new"
-
-
-@pytest.mark.parametrize("name", ["t.json", "t.json.gz"])
-def test_failed_save_leaves_the_earlier_trace(tmp_path, name):
-    """An event that cannot be encoded fails the save mid-way; the earlier file stays as it was."""
-    path = tmp_path / name
-    sample().save(path)
-    before = path.read_bytes()
-    broken = realistic(3000)
-    broken.events[2500] = broken.events[2500]._replace(error=object())
-    with pytest.raises(TypeError):  # orjson's JSONEncodeError
-        broken.save(path)
-    assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
