@@ -110,13 +110,7 @@ def _view(
     """The display options given (not their defaults)."""
     if phase is not None and phase not in PHASE_CHOICES:
         raise UsageError(f"unknown --phase {phase!r}; use one of {', '.join(PHASE_CHOICES)}")
-    given = {
-        "depth": depth,
-        "module": module,
-        "phase": phase,
-        "expand": expand,
-        "all_surprises": all_surprises,
-    }
+    given = dict(depth=depth, module=module, phase=phase, expand=expand, all_surprises=all_surprises)
     return {k: v for k, v in given.items() if v is not None and v is not False}
 
 
