@@ -209,9 +209,10 @@ def test_node_hooks_on_grad_fn_accumulate_grad_and_custom_function():
     m = model()
     L = Log()
     classes = class_state()
+    w = m[0].weight
+    acc = w.view_as(w).grad_fn.next_functions[0][0]
+    acc.register_hook(L.fn("acc_before_block"))  # C++ holds it: seen once the node gets another
     with hooktrace.trace(m) as t:
-        w = m[0].weight
-        acc = w.view_as(w).grad_fn.next_functions[0][0]
         acc.register_prehook(L.fn("acc_pre"))
         acc.register_hook(L.fn("acc_post"))
         y = Triple.apply(m(torch.randn(3, 4)))
@@ -227,9 +228,10 @@ def test_node_hooks_on_grad_fn_accumulate_grad_and_custom_function():
     trace = t.trace
     assert L.traced(trace) == L.log
     assert L.log.index("sum_post") < L.log.index("fn_pre") < L.log.index("fn_post") < L.log.index("acc_pre")
-    assert L.log.index("acc_pre") < L.log.index("acc_post")
+    assert L.log.index("acc_pre") < L.log.index("acc_before_block") < L.log.index("acc_post")
     hooks = {h.name[len("hook_") :]: h for h in trace.hooks if h.name.startswith("hook_")}
     assert hooks["acc_pre"].kind == "node_pre" and hooks["acc_post"].kind == "node"
+    assert (hooks["acc_before_block"].kind, hooks["acc_before_block"].registered_at) == ("node", None)
     assert hooks["fn_pre"].kind == "node_pre" and hooks["fn_post"].kind == "node"
     assert {hooks[k].scope for k in ("acc_pre", "acc_post", "fn_pre", "sum_post", "removed")} == {"node"}
     assert (hooks["acc_post"].module, hooks["acc_post"].tensor) == ("0", "0.weight")
@@ -246,7 +248,7 @@ def test_node_hooks_on_grad_fn_accumulate_grad_and_custom_function():
     L.log.clear()
     y2 = Triple.apply(m(torch.randn(3, 4)))
     y2.sum().backward()
-    assert "acc_pre" in L.log and "acc_post" in L.log
+    assert L.log[-3:] == ["acc_pre", "acc_before_block", "acc_post"]
     shims = hooktrace.capture.shims.SHIM_CODES
     assert len(t.trace.events) == n and not any(getattr(f, "__code__", None) in shims for f in (acc,))
 
@@ -596,3 +598,11 @@ def test_sample_forward_wrapper(tmp_path):
         "forward_wrapper",
         "forward",
     ]
+
+
+def test_class_forward_bound_on_the_instance_is_not_a_wrapper():
+    m = model()
+    with hooktrace.trace(m) as t:
+        m[0].forward = m[0].forward  # what accelerate's remove_hook_from_module leaves
+        m(torch.randn(2, 4))
+    assert not [h for h in t.trace.hooks if h.kind == "forward_wrapper"]

@@ -178,7 +178,12 @@ def hooktrace_forward(module: Any) -> Any:
     md = module.__dict__
     if viewer is None or "forward" not in md or _is_compiling() or "_orig_mod" in md.get("_modules", ()):
         return module.forward  # not a capture, or torch.compile(m)'s own forward (the call is recorded)
-    return viewer.forward_wrapper(module, md["forward"])
+    forward = md["forward"]
+    if getattr(forward, "__self__", None) is module and getattr(forward, "__func__", None) is getattr(
+        type(module), "forward", None
+    ):
+        return forward  # the class's own forward bound on the instance (accelerate's remove_hook_from_module)
+    return viewer.forward_wrapper(module, forward)
 
 
 _made: Optional[_Copies] = None
