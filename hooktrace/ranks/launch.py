@@ -29,13 +29,15 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any, Iterator, Mapping, Optional
 
 from ..analysis.ranks import compare_ranks
+from ..options import UsageError
 from ..schema import TraceFormatError, load
-from ..target import UsageError, split_spec
+from ..target import split_spec
 from .result import (
     DEFAULT_TIMEOUT,
     DIED,
@@ -119,8 +121,9 @@ def run_ranks(
     every rank (a mapping or a dataclass of its keyword arguments).
 
     `timeout` (seconds, > 0): the longest any rank may go without progress — progress being the
-    rank finishing loading the target, starting a step, or ending — and the longest a rank may
-    still run after another rank has ended. Joining the process group may take max(timeout, 300 s).
+    rank reaching its next stage (loading the target, each step, writing its trace, ending; the
+    worker reports them in the launcher's store) — and the longest a rank may still run after
+    another rank has ended. Joining the process group may take max(timeout, 300 s).
     Past it, every rank is stopped (SIGTERM, SIGKILL after 10 s) and writes its partial trace.
 
     Raises UsageError for bad arguments; every rank's failure is reported in the result instead.
@@ -190,9 +193,10 @@ def _signals_raise() -> Iterator[dict[str, int]]:
     """While ranks may run, SIGINT/SIGTERM/SIGHUP raise (installed before torch is imported); the
     handlers found are restored afterwards. A signal that arrives outside the launch (while the
     traces are read) is recorded in the yielded dict and ends the reading."""
-    saved = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    main = threading.current_thread() is threading.main_thread()  # only there can handlers be set
+    saved = {sig: signal.getsignal(sig) for sig in _SIGNALS} if main else {}
     seen: dict[str, int] = {}
-    for sig in _SIGNALS:
+    for sig in saved:
         signal.signal(sig, _raise_interrupted)
     elastic = logging.getLogger("torch.distributed.elastic")
     quiet = logging.NullHandler()  # its warnings ("Sending process ... closing signal") are ours to say

@@ -165,6 +165,10 @@ class RanksResult:
         lines += self._agreement()
         if len(self.trace_paths) >= 2:
             lines.append(f"compare two ranks: hooktrace diff {self.trace_paths[0]} {self.trace_paths[1]}")
+        elif sum(o.trace is not None for o in self.ranks) >= 2 and not self.trace_paths:
+            lines.append(
+                "keep every rank's trace with -o PATH (PATH.rank0.json, ...) to compare them with hooktrace diff"
+            )
         return "\n".join(lines)
 
     def _notes(self) -> list[str]:
@@ -197,6 +201,8 @@ class RanksResult:
             return ["one rank: no other hook order to compare with"]
         if len(present) < 2:
             return ["hook orders not compared: fewer than two ranks wrote a trace"]
+        if self.interrupted is not None:  # each rank stopped wherever it was: an end differs by nature
+            return ["hook orders not compared: the ranks were interrupted, each at its own point"]
         if not self.diverged:
             events = self.comparisons[0].events[0] if self.comparisons else 0
             ranks = ", ".join(str(r) for r in present)

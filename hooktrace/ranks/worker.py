@@ -6,7 +6,7 @@ CUDA), runs the ordinary single-process driver (`hooktrace.capture.run.run`, wit
 the CLI parsed, passed through unchanged) and writes its trace with `meta.rank` / `meta.world_size`.
 
 What it tells the launcher:
-- its progress (`joining`, `running`, `step N`, `writing`) as a key in the launcher's store, so a
+- its progress (`joining`, `loading`, `step N`, `writing`) as a key in the launcher's store, so a
   rank that stops making progress can be told from a slow one (`--timeout`);
 - how it ended, by its exit code (`result.EXIT_CODES`), and, when it did not succeed, its error
   and traceback in its elastic error file (`@record` writes TORCHELASTIC_ERROR_FILE);
@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import Any, Iterator, Optional
 
-from ..target import UsageError
+from ..options import UsageError
 from .result import CRASHED, FAILED, OK, STATE_EXIT, STOPPED, USAGE, rank_trace_path
 
 PROGRESS_KEY = "hooktrace/progress/{rank}"
@@ -159,7 +159,7 @@ def _rank(job: dict[str, Any]) -> None:
     from ..options import RunOptions
     from ..target import load_factory
 
-    reports.progress("running")
+    reports.progress("loading")
     options = RunOptions(**dict(job["options"], device=device))
     try:
         with _factory_may_init(dist):
