@@ -51,6 +51,15 @@ def test_round_trip_writes_version_2_columns(tmp_path):
     assert out.getvalue() == path.read_bytes()
 
 
+def test_version_2_as_the_spec_writes_it_without_a_thread_table(tmp_path):
+    """A writer that follows SPEC §4 to the letter (raw thread idents, four tables) is read too."""
+    original = sample()
+    data = original.to_dict()
+    data["events"]["columns"]["thread"] = [e.thread for e in original.events]
+    del data["events"]["tables"]["thread"]
+    assert load(write(tmp_path / "t.json", data)).events == original.events
+
+
 def test_empty_trace_and_plain_tuples_round_trip(tmp_path):
     Trace().save(tmp_path / "e.json")
     assert load(tmp_path / "e.json").to_dict() == Trace().to_dict()
