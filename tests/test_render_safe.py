@@ -88,7 +88,7 @@ def test_dot_is_accepted_and_svg_is_well_formed_xml() -> None:
     trace = hostile()
     dot = dot_source(trace)
     _no_raw_controls(dot)
-    assert "/abs/" not in dot.split("\n")[1], "no absolute path in the title"
+    assert "/abs/" not in dot, "no absolute path in the title"
     if not HAS_DOT:
         pytest.skip("Graphviz dot is not installed")
     done = subprocess.run(["dot", "-Tsvg"], input=dot.encode("utf-8"), capture_output=True, timeout=60)

@@ -16,8 +16,7 @@ import re
 from dataclasses import asdict
 from typing import Any, Optional
 
-from ..analysis.surprises import is_internal_error
-from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace
+from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
 
 
 def _us(ns: int) -> float:

@@ -13,14 +13,14 @@ Every label goes through `safe_text` (no control character, so the SVG stays wel
 
 from __future__ import annotations
 
+import html
 from typing import Any, Optional
 
 import graphviz
 
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
-from ..analysis.surprises import is_internal_error
-from ..schema import Event, Trace
+from ..schema import Event, Trace, is_internal_error
 from . import RenderError
 from .badges import (
     badges,
@@ -68,7 +68,7 @@ MORE = {
 MAX_TEXT = 70
 PHASE_SHORT = {"recompute": "recompute", "optimizer": "optimizer"}  # long titles go to the legend
 PHASE_NOTES = {
-    "recompute": "forward hooks again during backward (activation checkpointing)",
+    "recompute": "forward again during backward (checkpoint)",
     "optimizer": "inside optimizer.step()",
 }
 
@@ -242,7 +242,8 @@ class _Emitter:
                 c.node(marker, _label(_esc(text)), **style)
                 self.link(node.last_seq, marker)
 
-    def legend(self, g: graphviz.Digraph) -> None:
+    def legend(self) -> list[str]:
+        """Table cells (swatch, meaning) for what the picture uses, and only that."""
         entries: list[tuple[tuple[str, ...], dict[str, Any]]] = []
         for fam, (fill, text, kinds) in FAMILIES.items():
             if fam in self.used:
@@ -251,11 +252,11 @@ class _Emitter:
         if "other" in self.used:
             entries.append((("other kinds", "state-dict, registration hooks"), {"fillcolor": OTHER_FILL}))
         extra = [
-            ("prepend", ("prepend", "registered with prepend=True (or proven first)"), PREPEND),
-            ("global", ("global", "register_module_* hook: runs for every module"), GLOBAL),
+            ("prepend", ("prepend", "registered with prepend=True, or proven first"), PREPEND),
+            ("global", ("global", "global module hook (every module)"), GLOBAL),
             ("error", ("error", "the hook or module raised"), ERROR),
-            ("stopped", ("stopped by PyTorch", "its own caught exception (checkpoint)"), STOPPED),
-            ("group", ("dashed box", "one module's hooks in backward (no call to nest by)"),
+            ("stopped", ("stopped by PyTorch", "its own caught exception"), STOPPED),
+            ("group", ("dashed box", "a module's hooks in backward"),
              {"style": "rounded,dashed", "fillcolor": "white"}),
             ("more", ("×N more", "identical blocks collapsed"), MORE),
         ]  # fmt: skip
@@ -263,18 +264,19 @@ class _Emitter:
         for phase, note in PHASE_NOTES.items():
             if f"phase_{phase}" in self.used:
                 entries.append(((phase, note), {"fillcolor": PHASE_FILL[phase], "color": "#9e9e9e"}))
-        if not entries:
-            return
-        with g.subgraph(name="cluster_legend") as c:
-            c.attr(label="legend", style="rounded", color="#bdbdbd", fontsize="10", fillcolor="white",
-                   fontcolor="black", labeljust="c")  # fmt: skip
-            ids = []
-            for lines, attrs in entries:
-                node_id = self.new_id("legend")
-                c.node(node_id, _label(*(_esc(x) for x in lines)), **attrs)
-                ids.append(node_id)
-            for a, b in zip(ids, ids[1:]):
-                c.edge(a, b, style="invis")
+        cells = []
+        for lines, attrs in entries:
+            cell = [f'BGCOLOR="{attrs.get("fillcolor", "white")}"', f'COLOR="{attrs.get("color", "black")}"']
+            if "dashed" in attrs.get("style", ""):
+                cell.append('STYLE="dashed"')
+            if attrs.get("penwidth") == "2":
+                cell.append('BORDER="2"')
+            word = f'<FONT POINT-SIZE="9">{html.escape(lines[0])}</FONT>'
+            if attrs.get("fontcolor"):
+                word = f'<FONT COLOR="{attrs["fontcolor"]}">{word}</FONT>'
+            text = f'<FONT POINT-SIZE="9">{html.escape(lines[1])}</FONT>'
+            cells.append(f'<TD {" ".join(cell)}>{word}</TD><TD BORDER="0" ALIGN="LEFT">{text}</TD>')
+        return cells
 
 
 def _same_call(a: Event, b: Event) -> bool:
@@ -297,8 +299,8 @@ def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:
         title += f" · +{em.info} info surprise{'s' if em.info != 1 else ''} about library hooks"
 
     g = graphviz.Digraph("hooktrace")
-    g.attr(label=_label(_esc(title, 200)), labelloc="t", fontname=FONT, fontsize="12", rankdir="TB",
-           newrank="true", nodesep="0.25", ranksep="0.35")  # fmt: skip
+    g.attr(fontname=FONT, fontsize="12", rankdir="TB", newrank="true", nodesep="0.25", ranksep="0.35",
+           labelloc="t")  # fmt: skip
     g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="10", margin="0.08,0.04")
     g.attr("edge", color="#616161", arrowsize="0.6")
     if not tree.steps:
@@ -313,8 +315,23 @@ def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:
     em.chain.sort()
     for (_, _, a), (_, _, b) in zip(em.chain, em.chain[1:]):
         g.edge(a, b)
-    em.legend(g)
+    g.attr(label=_heading(title, em.legend()))
     return g
+
+
+def _heading(title: str, cells: list[str], per_row: int = 2) -> str:
+    """The graph's label: the title, and under it the legend (the graph label takes no rank, so the
+    legend cannot stretch the drawing)."""
+    rows = [f'<TR><TD COLSPAN="{2 * per_row}" BORDER="0"><B>{html.escape(_esc_html(title))}</B></TD></TR>']
+    for i in range(0, len(cells), per_row):
+        rows.append("<TR>" + "".join(cells[i : i + per_row]) + "</TR>")
+    table = '<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="3" CELLPADDING="3">' + "".join(rows) + "</TABLE>"
+    return f"<{table}>"
+
+
+def _esc_html(text: str) -> str:
+    text = safe_text(text)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def dot_source(trace: Trace, *, expand: bool = False) -> str:

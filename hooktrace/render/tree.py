@@ -24,8 +24,7 @@ from rich.tree import Tree
 
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
-from ..analysis.surprises import is_internal_error
-from ..schema import PHASES, ROOT, Event, Trace, gc_paused
+from ..schema import PHASES, ROOT, Event, Trace, gc_paused, is_internal_error
 from . import RenderError
 from .badges import (
     PHASE_TITLES,
