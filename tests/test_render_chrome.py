@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from hooktrace.render.chrome import chrome_json, chrome_trace
+from hooktrace.render.chrome import chrome_events, chrome_json, chrome_trace
 from hooktrace.schema import load
 from tests.test_renderers_all import SAMPLES, Builder, recompute_two_steps, two_layer, with_errors
 
@@ -128,3 +128,21 @@ def test_saved_and_loaded_trace_gives_the_same_file(tmp_path: Path) -> None:
         trace = make()
         trace.save(tmp_path / "t.json")
         assert chrome_json(load(tmp_path / "t.json")) == chrome_json(trace)
+
+
+def test_training_step_kinds_are_spans_in_their_phase() -> None:
+    from tests.test_renderers_all import training_step
+
+    trace = training_step()
+    spans = {
+        e["args"]["seq"]: e for e in chrome_events(trace) if e.get("ph") == "X" and e["args"].get("hook")
+    }
+    assert {s["args"]["kind"] for s in spans.values()} == {
+        "forward_wrapper", "pack", "unpack", "node", "post_accumulate_grad", "optimizer_step_pre",
+        "optimizer_step_post"}  # fmt: skip
+    assert [s["cat"] for s in spans.values() if s["args"]["kind"].startswith("optimizer")] == [
+        "optimizer"
+    ] * 2
+    node = next(s for s in spans.values() if s["args"]["kind"] == "node")
+    assert node["args"]["tensor"] == "fc.weight" and node["name"] == "AccumulateGrad_hook"
+    assert sorted(spans) == [e.seq for e in trace.events if e.type == "hook"]

@@ -216,6 +216,33 @@ def recompute_two_steps() -> Trace:
     return b.trace()
 
 
+def training_step() -> Trace:
+    """SPEC v2 kinds: a forward wrapper, saved-tensor pack/unpack, an AccumulateGrad node hook and a
+    post-accumulate-grad hook on fc.weight, optimizer step hooks (per optimizer and global)."""
+    b = Builder(("fc", "Linear"))
+    wrap = b.hook("forward_wrapper", "fc", "offload_forward")
+    pack = b.hook("pack", None, "pack_to_cpu", scope="saved_tensors")
+    unpack = b.hook("unpack", None, "unpack_from_cpu", scope="saved_tensors")
+    node = b.hook("node", "fc", "AccumulateGrad_hook", scope="node", tensor="fc.weight")
+    acc = b.hook("post_accumulate_grad", "fc", "step_in_backward", scope="tensor", tensor="fc.weight")
+    opt_pre = b.hook("optimizer_step_pre", None, "before_step", scope="optimizer")
+    opt_post = b.hook("optimizer_step_post", None, "global_after_step", scope="global")
+    b.enter("")
+    b.enter("fc")
+    b.fire(wrap, "fc")
+    b.fire(pack, "fc")
+    b.fire(pack, "fc")
+    b.exit("fc")
+    b.exit("")
+    b.fire(unpack, None, "backward")
+    b.fire(unpack, None, "backward")
+    b.fire(acc, None, "backward")
+    b.fire(node, None, "backward")
+    b.fire(opt_pre, None, "optimizer")
+    b.fire(opt_post, None, "optimizer")
+    return b.trace()
+
+
 def empty() -> Trace:
     return Builder().trace()
 
@@ -225,6 +252,7 @@ SAMPLES: dict[str, Callable[[], Trace]] = {
     "with_errors": with_errors,
     "layers": lambda: layers(3),
     "recompute_two_steps": recompute_two_steps,
+    "training_step": training_step,
     "empty": empty,
 }
 

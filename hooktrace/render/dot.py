@@ -42,7 +42,7 @@ PHASE_FILL = {"forward": "#f1f8f1", "backward": "#eff3fb", "recompute": "#fff5e6
               "other": "#f4f4f4"}  # fmt: skip
 # one fill per family of kinds, so each colour in the picture has one legend entry
 FAMILIES = {
-    "forward": ("#c8e6c9", "forward hook", ("forward_pre", "forward", "forward_wrapper")),
+    "forward": ("#c8e6c9", "forward hook or wrapper", ("forward_pre", "forward", "forward_wrapper")),
     "backward": ("#c5d8f0", "module backward hook", ("backward_pre", "backward")),
     "legacy": ("#f6d5c1", "legacy backward hook", ("backward_legacy",)),
     "tensor": ("#e6d3ee", "tensor hook (grad, post-accumulate)", ("grad", "post_accumulate_grad")),
