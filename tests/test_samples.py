@@ -3,6 +3,7 @@ sample's own hooks recorded; each shows the surprise its docstring promises; gol
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -193,3 +194,40 @@ def test_golden_tree(name: str, tmp_path: Path, golden) -> None:  # noqa: ANN001
         expect=int(name == "always_call"),
     )
     golden(f"samples/{name}.txt", golden_tree(trace))
+
+
+def test_training_step_renderings_on_a_real_run(tmp_path: Path) -> None:
+    """Real capture of the v2 kinds: the optimizer phase in every step, node hooks under the module
+    of the parameter they accumulate, and DOT/Chrome showing the same."""
+    from hooktrace.render import render
+
+    trace, _ = run_sample("training_step", tmp_path, "--steps", "2")
+    text = tree_text(trace, width=100, times=False, expand=True)
+    steps = text.split("── step ")[1:]
+    assert len(steps) == 2
+    for step in steps:
+        assert step.index("backward ") < step.index("optimizer (optimizer.step)")
+        optimizer = step[step.index("optimizer (optimizer.step)") :]
+        assert "optimizer_step_pre" in optimizer and "optimizer_step_post" in optimizer
+        body = step[step.index("body Linear") :]
+        assert "node" in body.splitlines()[1] and "on body.weight" in body.splitlines()[1]
+    dot = render(trace, "dot")
+    assert isinstance(dot, str) and "label=optimizer" in dot and "on body.weight" in dot
+    chrome = json.loads(render(trace, "chrome"))
+    cats = {
+        e["cat"] for e in chrome["traceEvents"] if e.get("args", {}).get("kind", "").startswith("optimizer")
+    }
+    assert cats == {"optimizer"}
+
+
+def test_saved_tensor_hooks_on_a_real_run_are_counted_per_call(tmp_path: Path) -> None:
+    trace, _ = run_sample("saved_tensors", tmp_path)
+    packs = [e for e in trace.hook_events() if e.kind == "pack"]
+    text = tree_text(trace, width=100, times=False)
+    counted = sum(int(n) for n in re.findall(r"saved tensors (\d+) pack", text))
+    single = len(re.findall(r"#\d+ pack ", text))
+    assert packs and counted + single == sum(
+        1 for e in packs if e.phase == "forward" or e.phase == "recompute"
+    )
+    expanded = tree_text(trace, width=100, times=False, expand=True)
+    assert "saved tensors" not in expanded and len(re.findall(r"#\d+ pack ", expanded)) == len(packs)

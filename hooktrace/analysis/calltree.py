@@ -13,8 +13,8 @@ DOT/SVG and notebook renderers all draw this one structure, so they cannot disag
 - Every container gets a signature: equal when two containers ran the same hooks in the same
   order, whatever their numbered path (`layers.0` / `layers.1`), so renderers collapse runs of
   identical siblings (`runs`). Calls where no hook fired are pruned unless `show_empty`.
-- Saved-tensor `pack`/`unpack` events directly inside one container are summarised as one
-  `SavedTensors` leaf (they can fire hundreds of times per step), unless `expand`.
+- Saved-tensor `pack`/`unpack` events directly inside one container (two or more) are summarised
+  as one `SavedTensors` leaf (they can fire hundreds of times per step), unless `expand`.
 
 Everything is linear in the number of events, and no recursion (deep models are fine).
 """
@@ -370,7 +370,7 @@ def _distinct(events: list[Event]) -> list[Event]:
 def _summarise_saved(node: Node) -> None:
     """pack/unpack leaves directly in `node` become one SavedTensors leaf where the first one was."""
     saved = [c for c in node.children if type(c) is Event and c.kind in SAVED_KINDS]
-    if not saved:
+    if len(saved) < 2:  # one is shown as it is
         return
     summary = SavedTensors(saved)  # type: ignore[arg-type]
     out: list[Union[Node, Leaf]] = []

@@ -140,8 +140,13 @@ class _Drawer:
         head = Text(f"#{s.seq}–#{s.last_seq} ", style="dim")
         head.append("saved tensors", style=KIND_STYLES["pack"])
         head.append(f" {counts}")
-        segs = [("", head), ("  ", Text(", ".join(names), style="bold"))]
-        segs.append(("  ", Text("--expand lists them", style="dim italic")))
+        segs = [("", head)]
+        names = list(names)
+        for i, name in enumerate(names):  # one segment each: a long list wraps between names
+            segs.append(
+                ("  " if i == 0 else " ", Text(name + ("," if i < len(names) - 1 else ""), style="bold"))
+            )
+        segs.append(("  ", Text("(--expand lists them)", style="dim italic")))
         return _pack(segs, self.width - col)
 
     def node_label(self, node: Node, col: int) -> Text:
