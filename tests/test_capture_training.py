@@ -1,20 +1,16 @@
-"""A whole training step: optimizer, autograd-node, saved-tensor, forward-wrapper and DDP comm hooks.
+"""A whole training step: optimizer, autograd-node and saved-tensor hooks, traced vs untraced.
 
 Every hook logs its own label as it runs; hooktrace's order must equal that log. Restoration: the
-optimizer dicts, `Optimizer`'s methods, each optimizer class's `step`, `saved_tensors_hooks`, DDP.
+optimizer dicts, `Optimizer`'s methods, each optimizer class's `step`, `saved_tensors_hooks`.
+Forward wrappers, DDP comm hooks and the samples: tests/test_capture_wrappers.py.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import socket
-from collections import OrderedDict
-from typing import Any, Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.optim.optimizer as optim_module
 from torch import nn
 from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
@@ -23,73 +19,15 @@ from torch.utils.checkpoint import checkpoint
 import hooktrace
 from hooktrace.capture.records import SYNTHETIC_BASE
 
-OPT_ATTRS = (
-    "_optimizer_step_pre_hooks",
-    "_optimizer_step_post_hooks",
-    "_optimizer_state_dict_pre_hooks",
-    "_optimizer_state_dict_post_hooks",
-    "_optimizer_load_state_dict_pre_hooks",
-    "_optimizer_load_state_dict_post_hooks",
+from .training_hooks import (
+    Log,
+    add_hook_to_module,
+    by_name,
+    class_state,
+    model,
+    optimizer_state,
+    pytorch_step_code,
 )
-
-
-class Log:
-    """Hooks that record their own label; `ids` maps trace hook ids to labels once known."""
-
-    def __init__(self) -> None:
-        self.log: list[str] = []
-
-    def fn(self, label: str, returns: Callable[..., Any] | None = None) -> Callable[..., Any]:
-        def hook(*args: Any, **kwargs: Any) -> Any:
-            self.log.append(label)
-            return returns(*args) if returns is not None else None
-
-        hook.__qualname__ = f"hook_{label}"
-        return hook
-
-    def traced(self, trace: Any) -> list[str]:
-        names = {h.id: h.name for h in trace.hooks}
-        return [
-            names[e.hook][len("hook_") :]
-            for e in trace.events
-            if e.type == "hook" and names[e.hook].startswith("hook_")
-        ]
-
-
-def by_name(trace: Any, label: str) -> Any:
-    [hook] = [h for h in trace.hooks if h.name == f"hook_{label}"]
-    return hook
-
-
-def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, list]:
-    snap = {a: [(k, v) for k, v in getattr(opt, a).items()] for a in OPT_ATTRS}
-    for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"):
-        snap[name] = list(getattr(optim_module, name).items())
-    return snap
-
-
-def class_state() -> dict[Any, Any]:
-    """Every attribute of Optimizer and its subclasses, and saved_tensors_hooks' methods."""
-    out: dict[Any, Any] = {}
-    todo = [torch.optim.Optimizer]
-    while todo:
-        cls = todo.pop()
-        out.update({(cls, k): v for k, v in vars(cls).items()})
-        todo.extend(cls.__subclasses__())
-    out.update({(saved_tensors_hooks, k): v for k, v in vars(saved_tensors_hooks).items()})
-    out[("HookMixin", "_register_hook")] = vars(torch.autograd.function._HookMixin)["_register_hook"]
-    out[("dist", "_register_comm_hook")] = getattr(dist, "_register_comm_hook", None)
-    return out
-
-
-def pytorch_step_code() -> Any:
-    return torch.optim.Optimizer.profile_hook_step(lambda *a, **k: None).__code__
-
-
-def model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-
 
 # -- optimizer hooks ---------------------------------------------------------------------------
 
@@ -307,148 +245,6 @@ def test_saved_tensors_hooks_save_on_cpu_and_checkpoint_recompute():
     assert class_state() == classes
 
 
-# -- forward wrappers ----------------------------------------------------------------------------
-
-
-def add_hook_to_module(module: nn.Module, log: list[str]) -> nn.Module:
-    """accelerate's `add_hook_to_module`, reconstructed in plain torch."""
-    old_forward = module.forward
-    module._old_forward = old_forward
-
-    def new_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        log.append(f"wrapper:{type(module).__name__}")
-        return module._old_forward(*args, **kwargs)
-
-    module.forward = functools.update_wrapper(functools.partial(new_forward, module), old_forward)
-    return module
-
-
-def test_forward_wrapper_runs_between_pre_hooks_and_forward_hooks():
-    m = model()
-    L = Log()
-    with hooktrace.trace(m) as t:
-        m[0].register_forward_pre_hook(L.fn("pre"))
-        m[0].register_forward_hook(L.fn("fwd"))
-        add_hook_to_module(m[0], L.log)
-        wrapped = m[0].forward
-        m(torch.randn(2, 4))
-        m(torch.randn(2, 4))
-        assert m[0].forward is wrapped
-    trace = t.trace
-    assert L.log == ["pre", "wrapper:Linear", "fwd"] * 2
-    [wrapper] = [h for h in trace.hooks if h.kind == "forward_wrapper"]
-    assert (wrapper.scope, wrapper.module, wrapper.name) == (
-        "module",
-        "0",
-        "partial(add_hook_to_module.<locals>.new_forward)",
-    )
-    assert wrapper.id >= SYNTHETIC_BASE
-    order = [
-        trace.hook(e.hook).name for e in trace.hook_events() if e.module == "0"
-    ]  # pre-hook, wrapper, forward hook
-    assert order == ["hook_pre", wrapper.name, "hook_fwd"] * 2
-    assert all(e.phase == "forward" for e in trace.hook_events())
-    assert "forward" in m[0].__dict__ and m[0].forward is wrapped
-
-
-def test_forward_wrapper_traced_vs_untraced_and_jit_trace():
-    def run(traced: bool) -> tuple:
-        m = model()
-        log: list[str] = []
-        add_hook_to_module(m[2], log)
-        x = torch.randn(2, 4, requires_grad=True)
-        if traced:
-            with hooktrace.trace(m):
-                y = m(x)
-                y.sum().backward()
-                scripted = torch.jit.trace(m, x)
-        else:
-            y = m(x)
-            y.sum().backward()
-            scripted = torch.jit.trace(m, x)
-        return y, x.grad, log, scripted(x)
-
-    a, b = run(False), run(True)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] and torch.equal(a[3], b[3])
-
-
-def test_accelerate_add_hook_to_module_if_installed():
-    hooks = pytest.importorskip("accelerate.hooks")
-    m = model()
-    L = Log()
-
-    class Hook(hooks.ModelHook):
-        def pre_forward(self, module, *args, **kwargs):
-            L.log.append("accelerate_pre")
-            return args, kwargs
-
-    with hooktrace.trace(m) as t:
-        m[0].register_forward_pre_hook(L.fn("pre"))
-        m[0].register_forward_hook(L.fn("fwd"))
-        hooks.add_hook_to_module(m[0], Hook())
-        m(torch.randn(2, 4))
-    assert L.log == ["pre", "accelerate_pre", "fwd"]
-    kinds = [e.kind for e in t.trace.hook_events() if e.module == "0"]
-    assert kinds == ["forward_pre", "forward_wrapper", "forward"]
-
-
-# -- DDP communication hooks ---------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def gloo_one_rank():
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(_free_port())
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_ddp_comm_hook_order_against_backward_hooks(gloo_one_rank):
-    L = Log()
-    ddp = nn.parallel.DistributedDataParallel(model())
-
-    def allreduce(state, bucket):  # DDP checks real annotations; these would be strings here
-        L.log.append("comm")
-        fut = torch.futures.Future()
-        fut.set_result(bucket.buffer())
-        return fut
-
-    with hooktrace.trace(ddp) as t:
-        ddp.register_comm_hook(None, allreduce)
-        assert ddp._comm_hooks[0][0] is allreduce
-        inner = ddp.module
-        inner[0].weight.register_post_accumulate_grad_hook(L.fn("acc0"))
-        inner[2].register_full_backward_hook(L.fn("bwd2"))
-        ddp(torch.randn(3, 4)).sum().backward()
-    trace = t.trace
-    names = {h.id: h.name for h in trace.hooks}
-    traced = [
-        "comm" if names[e.hook] == allreduce.__qualname__ else names[e.hook][len("hook_") :]
-        for e in trace.hook_events()
-        if names[e.hook] == allreduce.__qualname__ or names[e.hook].startswith("hook_")
-    ]
-    assert traced == L.log and "comm" in L.log
-    [comm] = [h for h in trace.hooks if h.kind == "comm"]
-    assert (comm.scope, comm.module, comm.id >= SYNTHETIC_BASE) == ("module", "", True)
-    assert comm.registered_at.split(":")[0].endswith(os.path.basename(__file__))
-    [event] = [e for e in trace.hook_events() if e.kind == "comm"]
-    assert event.phase == "backward" and event.module == ""
-    # after the block the reducer still calls the hook, without recording
-    n = len(trace.events)
-    L.log.clear()
-    ddp(torch.randn(3, 4)).sum().backward()
-    assert "comm" in L.log and len(t.trace.events) == n
-
-
 # -- traced vs untraced, and the whole training step -----------------------------------------------
 
 
@@ -546,63 +342,4 @@ def test_no_capture_objects_left_in_dicts_after_the_block():
     with hooktrace.trace():
         opt.register_step_pre_hook(L := Log().fn("x"))
     assert list(opt._optimizer_step_pre_hooks.values()) == [L]
-    assert OrderedDict(optim_module._global_optimizer_pre_hooks) == OrderedDict()
-
-
-# -- the samples: traced order == what their hooks recorded ------------------------------------------
-
-
-def _sample(name: str, tmp_path: Any) -> tuple[Any, list[str]]:
-    from tests.test_samples import run_sample
-
-    return run_sample(name, tmp_path)
-
-
-def test_sample_training_step(tmp_path):
-    trace, calls = _sample("training_step", tmp_path)
-    names = {
-        "make.<locals>.step_now": None,
-        "make.<locals>.after_accumulate": "accumulated:body.weight",
-        "make.<locals>.before_step": "optimizer_pre",
-        "make.<locals>.after_step": "optimizer_post",
-    }
-    traced = []
-    for e in trace.hook_events():
-        hook = trace.hook(e.hook)
-        label = names[hook.name]
-        traced.append(label or f"in_backward_step:{hook.tensor}")
-    assert traced == calls
-    assert calls.index("accumulated:body.weight") < calls.index("optimizer_pre")
-    kinds = {trace.hook(e.hook).name: (e.kind, e.phase) for e in trace.hook_events()}
-    assert kinds["make.<locals>.after_accumulate"] == ("node", "backward")
-    assert kinds["make.<locals>.before_step"] == ("optimizer_step_pre", "optimizer")
-    [acc] = [h for h in trace.hooks if h.kind == "node"]
-    assert (acc.module, acc.tensor) == ("body", "body.weight")
-
-
-def test_sample_saved_tensors(tmp_path):
-    trace, calls = _sample("saved_tensors", tmp_path)
-    mine = [trace.hook(e.hook).name for e in trace.hook_events() if e.kind in ("pack", "unpack")]
-    assert [n.split("_")[1] for n in mine if n.startswith("count_")] == calls
-    first_recompute = next(e.seq for e in trace.events if e.phase == "recompute")
-    trigger = trace.events[first_recompute - 1]
-    assert trigger.kind == "unpack" and "_checkpoint_hook" in trace.hook(trigger.hook).name
-    assert any("save_on_cpu" in trace.hook(e.hook).name for e in trace.hook_events() if e.module == "block.0")
-
-
-def test_sample_forward_wrapper(tmp_path):
-    trace, calls = _sample("forward_wrapper", tmp_path)
-    assert calls == ["pre", "wrapper:pre_forward", "wrapper:post_forward", "post"]
-    assert [e.kind for e in trace.hook_events() if e.module == "fc1"] == [
-        "forward_pre",
-        "forward_wrapper",
-        "forward",
-    ]
-
-
-def test_class_forward_bound_on_the_instance_is_not_a_wrapper():
-    m = model()
-    with hooktrace.trace(m) as t:
-        m[0].forward = m[0].forward  # what accelerate's remove_hook_from_module leaves
-        m(torch.randn(2, 4))
-    assert not [h for h in t.trace.hooks if h.kind == "forward_wrapper"]
+    assert dict(optim_module._global_optimizer_pre_hooks) == {}
