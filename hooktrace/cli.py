@@ -9,7 +9,6 @@ Only typer's public API is used. torch is imported only by `run` and `hooks`, on
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import sys
 import traceback as _traceback
@@ -18,7 +17,16 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
-from .options import RunOptions, UsageError, cli_option
+from .options import (
+    PHASE_CHOICES,
+    ROOT_LABEL,
+    VIEW_FLAGS,
+    RunOptions,
+    UsageError,
+    cli_option,
+    module_path,
+    view_options,
+)
 
 if TYPE_CHECKING:
     from .schema import Trace
@@ -26,10 +34,6 @@ if TYPE_CHECKING:
 PIPE_WIDTH = 120
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 FORMATS = ("tree", "json", "dot", "svg", "chrome")
-PHASE_CHOICES = ("forward", "backward", "recompute", "optimizer", "other")
-ROOT_LABEL = "<root>"  # how the tree shows the root module; `--module "<root>"` selects it
-VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
-              "all_surprises": "--all-surprises"}  # fmt: skip
 
 
 def _show_version(value: bool) -> None:
@@ -104,32 +108,6 @@ def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
-def _view(
-    depth: Optional[int], module: Optional[str], phase: Optional[str], expand: bool, all_surprises: bool
-) -> dict[str, Any]:
-    """The display options given (not their defaults)."""
-    if phase is not None and phase not in PHASE_CHOICES:
-        raise UsageError(f"unknown --phase {phase!r}; use one of {', '.join(PHASE_CHOICES)}")
-    given = dict(depth=depth, module=module, phase=phase, expand=expand, all_surprises=all_surprises)
-    return {k: v for k, v in given.items() if v is not None and v is not False}
-
-
-def _module_path(trace: Trace, module: str) -> str:
-    """`--module` -> a module path of the trace (`<root>` is ""); UsageError with close names."""
-    if module in (ROOT_LABEL, "(root)"):
-        return ""
-    paths = [m.path for m in trace.modules]
-    if module in paths:
-        return module
-    close = [p for p in paths if p.endswith("." + module)]
-    close += [p for p in difflib.get_close_matches(module, paths, n=3) if p not in close]
-    hint = f"did you mean {', '.join(repr(p) for p in close[:3])}?" if close else ""
-    if not hint:
-        shown = ", ".join(repr(p or ROOT_LABEL) for p in paths[:6]) + (", ..." if len(paths) > 6 else "")
-        hint = f"module paths are {shown}" if paths else "the trace has no modules"
-    raise UsageError(f"no module {module!r} in the trace; {hint} (give --module PATH or {ROOT_LABEL!r})")
-
-
 def _console(**options: Any) -> Any:
     """A rich console; piped output gets 120 columns (unless COLUMNS says otherwise), not rich's 80,
     so hook lines stay whole for grep and scripts."""
@@ -148,7 +126,7 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict
     from . import render as r
 
     if "module" in view:
-        view = dict(view, module=_module_path(trace, view["module"]))
+        view = dict(view, module=module_path([m.path for m in trace.modules], view["module"]))
     try:
         chosen = r.format_for_path(str(output) if output else None, fmt)
         takes = r.renderer(chosen).options
@@ -331,7 +309,7 @@ def run(
             optimizer=optimizer,
             timeout=timeout,
         ).check()
-        view = _view(depth, module, phase, expand, all_surprises)
+        view = view_options(depth, module, phase, expand, all_surprises)
         if format is not None and format not in FORMATS:
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
         if nproc is None and (rank is not None or timeout is not None):
@@ -453,7 +431,7 @@ def render(
 ) -> None:
     """Render a saved trace: the same picture as the run that made it."""
     try:
-        view = _view(depth, module, phase, expand, all_surprises)
+        view = view_options(depth, module, phase, expand, all_surprises)
         if format is not None and format not in FORMATS:
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
         _output(_load_trace(trace_file), format, output, view)

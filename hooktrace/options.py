@@ -1,4 +1,5 @@
-"""Run options, declared once: the `run` command's flags and the rank workers' argv come from here.
+"""Run options, declared once: the `run` command's flags and the rank workers' argv come from here;
+and the view options that `run` and `render` share (`view_options`, `module_path`).
 
 `RunOptions` holds every option of one run (one process, or each rank of `--nproc`). `check()`
 validates them without importing torch, so a bad value fails before the (slow) factory runs.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -17,6 +19,10 @@ from typing import Any, Optional, Sequence
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32"}
 OPTIMIZERS = ("sgd", "adam", "adamw")
+PHASE_CHOICES = ("forward", "backward", "recompute", "optimizer", "other")
+ROOT_LABEL = "<root>"  # how the tree shows the root module; `--module "<root>"` selects it
+VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
+              "all_surprises": "--all-surprises"}  # fmt: skip
 _DEVICE = re.compile(r"(cpu|auto|cuda(:\d+)?)")
 
 
@@ -141,6 +147,34 @@ def cli_option(name: str, default: Any = None, **typer_args: Any) -> Any:
 
     flag = FLAGS[name]
     return typer.Option(default, *flag.names, metavar=flag.metavar, help=flag.help, **typer_args)
+
+
+# -- view options (run and render) ----------------------------------------------------------------
+
+
+def view_options(
+    depth: Optional[int], module: Optional[str], phase: Optional[str], expand: bool, all_surprises: bool
+) -> dict[str, Any]:
+    """The display options given (not their defaults)."""
+    if phase is not None and phase not in PHASE_CHOICES:
+        raise UsageError(f"unknown --phase {phase!r}; use one of {', '.join(PHASE_CHOICES)}")
+    given = dict(depth=depth, module=module, phase=phase, expand=expand, all_surprises=all_surprises)
+    return {k: v for k, v in given.items() if v is not None and v is not False}
+
+
+def module_path(paths: list[str], module: str) -> str:
+    """`--module` -> one of the trace's module `paths` (`<root>` is ""); UsageError naming close ones."""
+    if module in (ROOT_LABEL, "(root)"):
+        return ""
+    if module in paths:
+        return module
+    close = [p for p in paths if p.endswith("." + module)]
+    close += [p for p in difflib.get_close_matches(module, paths, n=3) if p not in close]
+    hint = f"did you mean {', '.join(repr(p) for p in close[:3])}?" if close else ""
+    if not hint:
+        shown = ", ".join(repr(p or ROOT_LABEL) for p in paths[:6]) + (", ..." if len(paths) > 6 else "")
+        hint = f"module paths are {shown}" if paths else "the trace has no modules"
+    raise UsageError(f"no module {module!r} in the trace; {hint} (give --module PATH or {ROOT_LABEL!r})")
 
 
 # -- values ---------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import typer.main
 
 from hooktrace.cli import app
-from hooktrace.options import FLAGS, RunOptions, UsageError
+from hooktrace.options import FLAGS, RunOptions, UsageError, module_path, view_options
 
 EVERYTHING = RunOptions(
     input_shapes=("8x3", "2"),
@@ -71,3 +71,20 @@ def test_check_accepts_the_usual_values() -> None:
     assert EVERYTHING.check() is EVERYTHING
     for device in ("cpu", "CUDA", "cuda:1", "auto"):
         RunOptions(device=device, dtype="torch.long").check()
+
+
+def test_module_path_takes_the_root_label_and_names_close_paths() -> None:
+    paths = ["", "encoder", "encoder.layers.3", "encoder.layers.30", "head"]
+    assert module_path(paths, "<root>") == module_path(paths, "") == ""
+    assert module_path(paths, "encoder.layers.3") == "encoder.layers.3"
+    with pytest.raises(UsageError, match=r"no module 'layers\.3'.*did you mean 'encoder\.layers\.3',"):
+        module_path(paths, "layers.3")
+    with pytest.raises(UsageError, match=r"did you mean 'head'"):
+        module_path(paths, "haed")
+    with pytest.raises(UsageError, match="unknown --phase 'sideways'"):
+        view_options(None, None, "sideways", False, False)
+    assert view_options(2, None, "optimizer", False, True) == {
+        "depth": 2,
+        "phase": "optimizer",
+        "all_surprises": True,
+    }
