@@ -1,20 +1,18 @@
-"""Run options, declared once: the `run` command's flags and the rank workers' argv come from here;
+"""Run options, declared once: the `run` command's flags and what rank workers get come from here;
 and the view options that `run` and `render` share (`view_options`, `module_path`).
 
 `RunOptions` holds every option of one run (one process, or each rank of `--nproc`). `check()`
 validates them without importing torch, so a bad value fails before the (slow) factory runs.
-`to_argv()` / `parse_argv()` carry them to a rank worker and back; `cli_option(name)` gives the
-typer declaration of a flag, so `hooktrace run` shows the same names and help as the worker parses.
+`cli_option(name)` gives the
+typer declaration of a flag; rank workers receive the same `RunOptions` as JSON of its fields.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32"}
@@ -96,49 +94,6 @@ class RunOptions:
         if self.timeout is not None and not self.timeout > 0:
             raise UsageError(f"--timeout {self.timeout}: give a number of seconds more than 0")
         return self
-
-    def to_argv(self) -> list[str]:
-        """The options as command-line arguments (only those that differ from the defaults)."""
-        argv: list[str] = []
-        for f in dataclasses.fields(self):
-            value, flag = getattr(self, f.name), FLAGS[f.name].names[0]
-            if value == f.default:
-                continue
-            if f.name == "backward":
-                argv.append(flag)
-            elif f.name == "input_shapes":
-                for shape in value:
-                    argv += [flag, shape]
-            else:
-                argv += [flag, str(value)]
-        return argv
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Declare every option on an argparse parser (the rank worker's)."""
-        for f in dataclasses.fields(cls):
-            flag = FLAGS[f.name]
-            if f.name == "backward":
-                parser.add_argument(*flag.names, dest=f.name, action="store_false", help=flag.help)
-            elif f.name == "input_shapes":
-                parser.add_argument(*flag.names, dest=f.name, action="append", default=[], help=flag.help)
-            else:
-                kind = {"steps": int, "timeout": float}.get(f.name, str)
-                parser.add_argument(*flag.names, dest=f.name, type=kind, default=f.default, help=flag.help)
-
-    @classmethod
-    def from_namespace(cls, namespace: argparse.Namespace) -> RunOptions:
-        values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)}
-        values["input_shapes"] = tuple(values["input_shapes"])
-        return cls(**values)
-
-    @classmethod
-    def parse_argv(cls, argv: Sequence[str]) -> tuple[RunOptions, list[str]]:
-        """`to_argv()` read back; arguments that are not run options are returned untouched."""
-        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-        cls.add_arguments(parser)
-        namespace, rest = parser.parse_known_args(list(argv))
-        return cls.from_namespace(namespace), rest
 
 
 def cli_option(name: str, default: Any = None, **typer_args: Any) -> Any:

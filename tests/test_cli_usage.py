@@ -186,3 +186,16 @@ def test_raising_backward_hook_exits_1_and_names_it(tmp_path: Path) -> None:
     )
     trace = hooktrace.load(out)
     assert [e.error for e in trace.hook_events()] == ["RuntimeError: no gradients today"]
+
+
+def test_describe_error_of_a_hook_outside_any_module_names_no_module() -> None:
+    """A tensor hook on an activation has no module: the line says where it ran, and nothing more."""
+    from hooktrace.capture.run import describe_error
+
+    trace = Trace(
+        hooks=[Hook(id=3, kind="grad", scope="tensor", tensor="tensor", name="Stop.on_grad")],
+        events=[_ev(0, "hook", None, 3, "grad", error="RuntimeError: Stopped: SIGINT", phase="backward")],
+    )
+    assert describe_error(trace, RuntimeError("Stopped: SIGINT")) == (
+        "tensor grad hook Stop.on_grad raised RuntimeError: Stopped: SIGINT in backward (event #0, step 0)"
+    )

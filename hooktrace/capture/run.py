@@ -260,10 +260,8 @@ def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
             hook = None
         name = hook.name if hook else f"#{event.hook}"
         scope = f"{hook.scope} " if hook and hook.scope != "module" else ""
-        return (
-            f"{scope}{event.kind} hook {name} raised {error} in {event.phase} of "
-            f"{_module_words(event.module)} (event #{event.seq}, step {event.step})"
-        )
+        of = f" of {_module_words(event.module)}" if event.module is not None else ""
+        return f"{scope}{event.kind} hook {name} raised {error} in {event.phase}{of} (event #{event.seq}, step {event.step})"
     where = f"(event #{event.seq}, step {event.step})"
     return f"{_module_words(event.module)} raised {error} in {event.phase} {where}"
 
