@@ -129,6 +129,9 @@ class Meta:
     created: str = ""
     rank: Optional[int] = None
     world_size: Optional[int] = None
+    # what `hooktrace run` did about backward: "ran" (every step), "off" (--no-backward), "no-grad"
+    # (skipped: nothing in the output required grad); None when not known (the Python API)
+    backward: Optional[str] = None
 
 
 def _record(obj: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import os
 import site
 import sys
 import sysconfig
-from types import FrameType, FunctionType
+from types import FrameType, FunctionType, MethodType
 from typing import Any, Optional
 
 import torch
@@ -42,16 +42,22 @@ def _site_dirs() -> tuple[str, ...]:
 _SITE_DIRS = _site_dirs()
 
 
-@functools.lru_cache(maxsize=4096)
 def display_path(filename: str) -> str:
-    """Inside an installed package: relative to its site-packages; else relative to cwd; else absolute."""
+    """Inside an installed package: relative to its site-packages; else relative to cwd; else absolute.
+
+    Depends on the working directory at the time of the call (a process may `os.chdir`)."""
     if filename.startswith("<"):
         return filename
-    path = os.path.abspath(filename)
+    return _display_path(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _display_path(filename: str, cwd: str) -> str:
+    path = os.path.normpath(os.path.join(cwd, filename))
     for d in _SITE_DIRS:
         if path.startswith(d):
             return path[len(d) :]
-    cwd = os.getcwd() + os.sep
+    cwd = cwd.rstrip(os.sep) + os.sep
     if path.startswith(cwd):
         return path[len(cwd) :]
     return path
@@ -71,9 +77,15 @@ def _unwrap_callable(fn: Any) -> Any:
 
 
 def hook_name(fn: Any) -> str:
-    """`__qualname__`; bound methods `Class.method`; partial as `partial(<f>)`; objects: their class."""
+    """`__qualname__`; bound methods `Class.method`; partial as `partial(<f>)`; objects: their class.
+
+    A closure around exactly one other callable (TransformerLens' `HookPoint.add_hook.<locals>.full_hook`,
+    a decorator without `__wrapped__`) is named `wrapper → inner`, so the user's function shows."""
     if type(fn) is _FUNCTION:  # the common case, without the checks below
-        return fn.__qualname__
+        inner = _wrapped_by_closure(fn)
+        if inner is None:
+            return fn.__qualname__
+        return f"{fn.__qualname__.rsplit('.', 1)[-1]} → {hook_name(inner)}"
     fn = _unwrap_callable(fn)
     if isinstance(fn, functools.partial):
         return f"partial({hook_name(fn.func)})"
@@ -87,6 +99,35 @@ def hook_name(fn: Any) -> str:
     return type(fn).__qualname__
 
 
+def _is_wrapped_candidate(value: Any) -> bool:
+    """A callable a hook wrapper may stand for: Python functions, methods, partials, callable objects
+    with a Python `__call__` — not classes, modules (nn.Module instances such as TransformerLens'
+    `HookPoint` itself) or builtins such as `list.append`."""
+    if isinstance(value, (FunctionType, MethodType, functools.partial)):
+        return True
+    if isinstance(value, (type, torch.nn.Module)) or not callable(value):
+        return False
+    return isinstance(inspect.getattr_static(type(value), "__call__", None), FunctionType)
+
+
+def _wrapped_by_closure(fn: FunctionType) -> Optional[Any]:
+    """The one callable a closure holds in its cells, or None (none, several, or `__wrapped__` set)."""
+    cells = fn.__closure__
+    if not cells or "__wrapped__" in fn.__dict__:
+        return None
+    found: list[Any] = []
+    for cell in cells:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if value is not fn and _is_wrapped_candidate(value) and not any(value is f for f in found):
+            found.append(value)
+            if len(found) > 1:
+                return None
+    return found[0] if found else None
+
+
 def _code_of(fn: Any) -> Any:
     fn = _unwrap_callable(fn)
     for _ in range(8):
@@ -94,6 +135,8 @@ def _code_of(fn: Any) -> Any:
             fn = fn.func
         elif inspect.ismethod(fn):
             fn = fn.__func__
+        elif type(fn) is _FUNCTION and (inner := _wrapped_by_closure(fn)) is not None:
+            fn = inner
         else:
             break
     try:
@@ -108,8 +151,9 @@ def _code_of(fn: Any) -> Any:
 
 
 def defined_at(fn: Any) -> Optional[str]:
-    """`file:line` of the callable's code, following `__wrapped__`; None for builtins."""
-    if type(fn) is _FUNCTION and "__wrapped__" not in fn.__dict__:  # the common case
+    """`file:line` of the callable's code, following `__wrapped__` and a closure around exactly one
+    other callable (the user's function inside a library's wrapper); None for builtins."""
+    if type(fn) is _FUNCTION and "__wrapped__" not in fn.__dict__ and not fn.__closure__:  # the common case
         return _where(fn.__code__)
     code = _code_of(fn)
     if code is None:
@@ -117,10 +161,16 @@ def defined_at(fn: Any) -> Optional[str]:
     return _where(code)
 
 
-@functools.lru_cache(maxsize=4096)
 def _where(code: Any) -> str:
-    """Hooks made in a loop share their code object: compute its place once."""
-    return f"{display_path(code.co_filename)}:{code.co_firstlineno}"
+    return _where_in(code, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _where_in(code: Any, cwd: str) -> str:
+    """Hooks made in a loop share their code object: compute its place once (per working directory)."""
+    filename = code.co_filename
+    shown = filename if filename.startswith("<") else _display_path(filename, cwd)
+    return f"{shown}:{code.co_firstlineno}"
 
 
 # Pass-through decorators (`@deprecated` around torch.ao's `prepare`, functools/contextlib wrappers):
@@ -128,28 +178,52 @@ def _where(code: Any) -> str:
 _WRAPPER_FILES = ("typing_extensions.py", "functools.py", "contextlib.py", "warnings.py")
 
 
-@functools.lru_cache(maxsize=4096)
+_CAPTURE_DIR = os.path.join(_HOOKTRACE_DIR, "capture") + os.sep
+_DRIVERS = (os.path.join(_CAPTURE_DIR, "run.py"),)
+USER, LIBRARY, PLUMBING, DRIVER = 0, 1, 2, 3
+
+
 def _frame_class(filename: str) -> int:
-    """0 = user code, 1 = torch or a pass-through wrapper, 2 = plumbing or hooktrace itself."""
-    path = os.path.abspath(filename) if not filename.startswith("<") else filename
-    if path.startswith(_HOOKTRACE_DIR) or path.startswith(_PLUMBING):
-        return 2
+    """USER code, LIBRARY (torch or a pass-through wrapper), PLUMBING (PyTorch's registration code,
+    hooktrace's capture and shims), or DRIVER (hooktrace's CLI and run driver: what called it is not
+    the user's code that led to a registration but the CLI framework)."""
+    return _frame_class_in(filename, os.getcwd() if not os.path.isabs(filename) else "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _frame_class_in(filename: str, cwd: str) -> int:
+    if filename.startswith("<"):
+        return PLUMBING if filename.startswith("<hooktrace") else USER
+    path = os.path.normpath(os.path.join(cwd, filename))
+    if path.startswith(_HOOKTRACE_DIR):
+        if path.startswith(_CAPTURE_DIR) and not path.startswith(_DRIVERS):
+            return PLUMBING
+        return DRIVER
+    if path.startswith(_PLUMBING):
+        return PLUMBING
     if path.startswith(_TORCH_DIR) or os.path.basename(path) in _WRAPPER_FILES:
-        return 1
-    return 0
+        return LIBRARY
+    return USER
 
 
 def call_sites(frame: Optional[FrameType]) -> tuple[Optional[str], Optional[str]]:
-    """(registered_at, registered_by) for a registration whose caller is `frame`."""
+    """(registered_at, registered_by) for a registration whose caller is `frame`.
+
+    The walk stops at hooktrace's own CLI/run driver: what called it (typer, click, runpy) is not the
+    user's line, so `registered_by` is then None (e.g. FSDP registering tensor hooks in a step)."""
     registered_at = registered_by = None
+    cwd = os.getcwd()
     while frame is not None and registered_by is None:
         code = frame.f_code
-        cls = _frame_class(code.co_filename)
+        filename = code.co_filename
+        cls = _frame_class_in(filename, cwd if not os.path.isabs(filename) else "")
+        if cls == DRIVER:
+            break
         where = None
-        if cls != 2 and registered_at is None:
-            where = f"{display_path(code.co_filename)}:{frame.f_lineno}"
+        if cls != PLUMBING and registered_at is None:
+            where = f"{display_path(filename)}:{frame.f_lineno}"
             registered_at = where
-        if cls == 0:
-            registered_by = where or f"{display_path(code.co_filename)}:{frame.f_lineno}"
+        if cls == USER:
+            registered_by = where or f"{display_path(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return registered_at, registered_by
