@@ -355,66 +355,15 @@ def hooks(
         from .target import load_factory
 
         factory = load_factory(target)
-        from .capture.run import firing_order, group_modules, inventory
+        from .analysis.inventory import firing_order, group_modules
+        from .capture.run import inventory
+        from .render.inventory import inventory_text
 
         found = inventory(factory)
     except UsageError as exc:
         _fail(exc, traceback)
-
     groups = group_modules(firing_order(found.trace, found.live), collapse=not expand)
-    _console(highlight=False).print(_inventory_text(found.trace, groups, found.live))
-
-
-def _flags(hook: Any) -> str:
-    flags = []
-    if hook.scope == "global":
-        flags.append("global")
-    if hook.prepend:
-        flags.append("prepend" if hook.prepend_source != "inferred" else "prepend (inferred)")
-    if hook.with_kwargs:
-        flags.append("kwargs")
-    if hook.always_call:
-        flags.append("always")
-    return " ".join(f"[{f}]" for f in flags)
-
-
-def _inventory_text(trace: Trace, groups: list, live: set[int]) -> Any:
-    from rich.text import Text
-
-    types = {m.path: m.type for m in trace.modules}
-    text = Text()
-    text.append(f"Hooks of {trace.meta.target}, in the order PyTorch will fire them (nothing was run)\n")
-    if not groups:
-        text.append("\nno hooks registered\n")
-        return text
-    for group in groups:
-        label = "(root)" if group.module == "" else group.module
-        text.append(f"\n{label}", style="bold")
-        text.append(f"  {types.get(group.module, '')}\n", style="dim")
-        for row in group.rows:
-            where = f" on {row.tensor}" if row.tensor else ""
-            text.append(f"  {row.kind}{where}\n", style="cyan")
-            for n, hook in enumerate(row.hooks, 1):
-                text.append(f"    {n}. {hook.name}")
-                flags = _flags(hook)
-                if flags:
-                    text.append(f"  {flags}", style="yellow")
-                text.append(f"\n         defined    {hook.defined_at or '?'}\n", style="dim")
-                text.append(f"         registered {hook.registered_at or 'before capture'}", style="dim")
-                if hook.registered_by and hook.registered_by != hook.registered_at:
-                    text.append(f"  by {hook.registered_by}", style="dim")
-                text.append("\n")
-        if group.same:
-            span = group.same[0] if len(group.same) == 1 else f"{group.same[0]} … {group.same[-1]}"
-            text.append(
-                f"  ×{len(group.same)} more with the same hooks ({span}; --expand shows them)\n", "dim"
-            )
-    n_global = sum(1 for h in trace.hooks if h.scope == "global" and h.id in live)
-    if n_global:
-        text.append(
-            f"\nglobal hooks ({n_global}) fire first for every module, also those not listed\n", "dim"
-        )
-    return text
+    _console(highlight=False).print(inventory_text(found.trace, groups, found.live))
 
 
 @app.command()

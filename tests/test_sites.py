@@ -75,7 +75,10 @@ def test_decorator_without_wrapped_shows_the_inner_function():
     lin = nn.Linear(3, 3)
     hooks = traced_hooks(lin, lambda: [lin.register_forward_hook(logged(my_forward_hook))])
     [hook] = hooks.values()
-    assert hook.name == "wrapper → test_decorator_without_wrapped_shows_the_inner_function.<locals>.my_forward_hook"
+    assert (
+        hook.name
+        == "wrapper → test_decorator_without_wrapped_shows_the_inner_function.<locals>.my_forward_hook"
+    )
     assert hook.defined_at == line_of(my_forward_hook)
 
 

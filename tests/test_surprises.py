@@ -92,23 +92,6 @@ def test_recompute_and_early_stop():
     assert zoo.traced(t.trace) == zoo.log
 
 
-def test_never_fired_with_reasons():
-    m = lin()
-    extra = nn.Linear(3, 3)
-    zoo = Zoo()
-    with hooktrace.trace(m) as t:
-        unused = zoo.module(extra, "forward", "on_unused_module")
-        bw = zoo.module(m[1], "backward", "needs_backward")
-        sd = m[0].register_state_dict_pre_hook(lambda *a: None)
-        m(torch.randn(1, 3))
-    for h in (unused, bw, sd):
-        h.remove()
-    found = {hid: s.message for s in rules(t.trace, "never-fired") for hid in s.hooks}
-    assert "was never called" in found[unused.id] or "outside the model" in found[unused.id]
-    assert "no backward pass ran" in found[bw.id]
-    assert "state_dict()" in found[sd.id]
-
-
 def test_replaced_value():
     m = lin()
     zoo = Zoo()
@@ -155,26 +138,6 @@ def test_hook_error_names_always_call_hooks_that_still_ran():
     assert "KeyError" in s.message
 
 
-def test_registered_during_run():
-    m = lin()
-    zoo = Zoo()
-    added = []
-
-    def adds_a_hook(module, args):
-        if not added:
-            added.append(zoo.module(m[1], "forward", "added_in_forward"))
-
-    with hooktrace.trace(m) as t:
-        h = m[0].register_forward_pre_hook(adds_a_hook)
-        m(torch.randn(1, 3))
-        m(torch.randn(1, 3))
-    h.remove()
-    added[0].remove()
-    [s] = rules(t.trace, "registered-during-run")
-    assert s.hooks == [added[0].id]
-    assert zoo.log == ["added_in_forward", "added_in_forward"]
-
-
 def test_output_hook_before_backward_pre():
     torch.manual_seed(0)
     inner = nn.Linear(3, 3)
@@ -219,3 +182,226 @@ def test_tensor_hook_in_own_forward_hook_runs_after_backward_pre():
     assert zoo.traced(t.trace) == zoo.log == ["backward_pre", "output_grad"]
     assert next(h for h in t.trace.hooks if h.name == "hook_output_grad").tensor == "output of 0"
     assert not rules(t.trace, "output-hook-before-backward-pre")
+
+
+# -- the nearest situations where a rule must NOT fire, and the wording of the ones that do -------
+
+
+def test_global_first_not_for_globals_of_another_kind():
+    m = lin()
+    zoo = Zoo()
+    with hooktrace.trace(m) as t:
+        g = zoo.glob("forward", "global_fwd")
+        p = zoo.module(m[0], "forward_pre", "prepended", prepend=True)
+        m(torch.randn(1, 3))
+        g.remove()
+        p.remove()
+    assert zoo.traced(t.trace) == zoo.log
+    assert not rules(t.trace, "global-first")
+
+
+def test_prepend_displaced_not_for_a_module_called_twice():
+    """A shared layer: the same prepended hooks fire once per call, twice in a row in backward."""
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 3)
+    zoo = Zoo()
+    with hooktrace.trace(layer) as t:
+        first = zoo.module(layer, "backward_pre", "first")
+        pre = zoo.module(layer, "backward_pre", "prepended", prepend=True)
+        fwd = zoo.module(layer, "forward_pre", "fwd_prepended", prepend=True)
+        layer(layer(torch.randn(2, 3, requires_grad=True))).sum().backward()
+    for h in (first, pre, fwd):
+        h.remove()
+    assert zoo.log == ["fwd_prepended", "fwd_prepended", "prepended", "first", "prepended", "first"]
+    assert zoo.traced(t.trace) == zoo.log
+    assert not rules(t.trace, "prepend-displaced")
+
+
+class HookPoint(nn.Module):
+    """TransformerLens' hook point: identity module; `add_hook(prepend=True)` moves the hook to the front."""
+
+    def forward(self, x):
+        return x
+
+    def add_hook(self, hook, prepend=False):
+        def full_hook(module, module_input, module_output):
+            return hook(module_output, hook=self)
+
+        handle = self.register_forward_hook(full_hook)
+        if prepend:
+            self._forward_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+
+def test_prepend_displaced_not_for_transformer_lens_hook_points_called_twice():
+    point = HookPoint()
+    model = nn.Sequential(point)
+    seen: list[str] = []
+    with hooktrace.trace(model) as t:
+        a = point.add_hook(lambda act, hook: seen.append("a"))
+        b = point.add_hook(lambda act, hook: seen.append("b"), prepend=True)
+        x = torch.randn(2, 3)
+        model(x)
+        point(x)  # called again, outside its parent
+    a.remove()
+    b.remove()
+    assert seen == ["b", "a", "b", "a"]
+    assert not rules(t.trace, "prepend-displaced")
+
+
+def test_prepend_displaced_by_a_hook_moved_to_the_front_directly():
+    m = lin()
+    zoo = Zoo()
+    with hooktrace.trace(m) as t:
+        early = zoo.module(m[0], "forward", "early")
+        pre = zoo.module(m[0], "forward", "prepended", prepend=True)
+        # the dict edited directly, as nnsight and TransformerLens do
+        m[0]._forward_hooks.move_to_end(early.id, last=False)
+        m(torch.randn(1, 3))
+    early.remove()
+    pre.remove()
+    assert zoo.traced(t.trace) == zoo.log == ["early", "prepended"]
+    [s] = rules(t.trace, "prepend-displaced")
+    assert s.hooks == [pre.id, early.id]
+    assert "without prepend=True" in s.message and "registered later with prepend" not in s.message
+    assert s.level == "warn"
+
+
+def test_recompute_does_not_blame_hooks_outside_the_checkpoint():
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(3, 3), nn.GELU(), nn.Linear(3, 3))
+            self.head = nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.block, x, use_reentrant=False))
+
+    torch.manual_seed(0)
+    m = Net()
+    zoo = Zoo()
+    with hooktrace.trace(m) as t:
+        inside = [zoo.module(sub, "forward", f"in{i}") for i, sub in enumerate(m.block)]
+        outside = zoo.module(m.head, "forward", "head_fwd")
+        m(torch.randn(2, 3, requires_grad=True)).sum().backward()
+    for h in (*inside, outside):
+        h.remove()
+    assert zoo.traced(t.trace) == zoo.log
+    [s] = rules(t.trace, "recompute")
+    assert outside.id not in s.hooks and "hook_head_fwd" not in s.message
+    recomputed = {e.hook for e in t.trace.events if e.type == "hook" and e.phase == "recompute"}
+    assert recomputed and set(s.hooks) == recomputed
+    stopped = [e for e in t.trace.events if e.type == "exit" and e.error]
+    if stopped:  # what did not re-run is inside the block, and really did not fire in recompute
+        skipped = [h for h in inside if f"`hook_{zoo.labels[h.id]}`" in s.message.split("did not re-run")[0]]
+        assert all(h.id not in recomputed for h in skipped)
+
+
+def test_no_recompute_without_checkpoint():
+    m = lin()
+    zoo = Zoo()
+    with hooktrace.trace(m) as t:
+        h = zoo.module(m[0], "forward", "fwd")
+        m(torch.randn(1, 3, requires_grad=True)).sum().backward()
+    h.remove()
+    assert not rules(t.trace, "recompute")
+
+
+def test_replaced_value_wording_counts_calls():
+    m = lin()
+    zoo = Zoo()
+    with hooktrace.trace(m) as t:
+        doubler = zoo.module(m[0], "forward", "doubler", returns=lambda mod, args, out: out * 2)
+        m(torch.randn(1, 3))
+        m(torch.randn(1, 3))
+    doubler.remove()
+    [s] = rules(t.trace, "replaced-value")
+    assert "in 2 calls" in s.message and "time(s)" not in s.message
+
+
+def test_legacy_backward_not_for_full_backward_hooks():
+    m = lin()
+    zoo = Zoo()
+    with hooktrace.trace(m) as t:
+        h = zoo.module(m[1], "backward", "full")
+        m(torch.randn(1, 3, requires_grad=True)).sum().backward()
+    h.remove()
+    assert zoo.traced(t.trace) == zoo.log == ["full"]
+    assert not rules(t.trace, "legacy-backward")
+
+
+def test_hook_error_not_for_checkpoints_own_stop():
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(3, 3), nn.GELU(), nn.Linear(3, 3))
+    m = nn.Sequential(block)
+    zoo = Zoo()
+    with hooktrace.trace(m) as t:
+        hooks = [zoo.module(sub, "forward", f"f{i}") for i, sub in enumerate(block)]
+        checkpoint(block, torch.randn(2, 3, requires_grad=True), use_reentrant=False).sum().backward()
+    for h in hooks:
+        h.remove()
+    assert not rules(t.trace, "hook-error")
+
+
+def test_registered_during_run_when_calls_differ():
+    """A forward hook of `0` registers a pre-hook on `0` itself: the first call ran without it."""
+    m = lin()
+    zoo = Zoo()
+    added = []
+
+    def adds_a_hook(module, args, output):
+        if not added:
+            added.append(zoo.module(m[0], "forward_pre", "added_in_forward"))
+
+    with hooktrace.trace(m) as t:
+        h = m[0].register_forward_hook(adds_a_hook)
+        m(torch.randn(1, 3))
+        m(torch.randn(1, 3))
+    h.remove()
+    added[0].remove()
+    assert zoo.log == ["added_in_forward"]
+    [s] = rules(t.trace, "registered-during-run")
+    assert s.hooks == [added[0].id]
+    assert "1 call of `0` ran without it and 1 with it" in s.message
+
+
+def test_registered_during_run_not_when_every_call_saw_it():
+    """Registered on `1` while `0` ran, before `1` was called: every call of `1` had it."""
+    m = lin()
+    zoo = Zoo()
+    added = []
+
+    def adds_a_hook(module, args):
+        if not added:
+            added.append(zoo.module(m[1], "forward", "added_in_forward"))
+
+    with hooktrace.trace(m) as t:
+        h = m[0].register_forward_pre_hook(adds_a_hook)
+        m(torch.randn(1, 3))
+        m(torch.randn(1, 3))
+    h.remove()
+    added[0].remove()
+    assert zoo.log == ["added_in_forward", "added_in_forward"]
+    assert next(x for x in t.trace.hooks if x.id == added[0].id).registered_during_run
+    assert not rules(t.trace, "registered-during-run")
+
+
+def test_library_hooks_are_info_and_user_hooks_warn():
+    """Composable checkpoint registers its own hooks (registered_at inside torch, registered_by here)."""
+    from torch.distributed._composable import checkpoint as composable_checkpoint
+
+    from hooktrace.analysis.surprises import split_levels
+
+    m = lin()
+    unused = nn.Linear(3, 3)
+    zoo = Zoo()
+    with hooktrace.trace(nn.ModuleList([m, unused])) as t:
+        composable_checkpoint(unused)
+        mine = zoo.module(unused, "forward", "mine")
+        m(torch.randn(1, 3))
+    mine.remove()
+    library = [h for h in t.trace.hooks if h.registered_at and h.registered_at.startswith("torch/")]
+    assert library and all(h.registered_by and h.registered_by.startswith("tests/") for h in library)
+    warn, info = split_levels(rules(t.trace, "never-fired"))
+    assert [s.hooks for s in warn] == [[mine.id]]
+    assert sorted(hid for s in info for hid in s.hooks) == sorted(h.id for h in library)

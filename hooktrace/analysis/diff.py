@@ -1,8 +1,8 @@
 """Ordering differences between two traces: a pure function of two `Trace` objects.
 
-Hooks are compared by what they are, not by run-specific values: a hook is identified by
-(scope, module, tensor, kind, name) plus an occurrence index among hooks with the same identity
-(in registration order, i.e. by handle id), and its calls are compared per (step, phase, module
+Hooks are compared by what they are, not by run-specific values (`identity.HookKey`: scope,
+module, tensor, kind, name, and an occurrence index among equal identities in registration order),
+and its calls are compared per (step, phase, module
 the call was for, kind). Times, handle ids, threads and file paths are ignored. A difference is a
 hook added, removed, moved, fired a different number of times, or whose flags or scope changed.
 """
@@ -17,6 +17,7 @@ from itertools import repeat
 from typing import Callable, Optional, Sequence
 
 from ..schema import ROOT, Event, Trace, gc_paused
+from .identity import HookKey, hook_keys
 
 FLAGS = ("prepend", "with_kwargs", "always_call")
 CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flags")
@@ -25,28 +26,6 @@ CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flag
 # exact by a table of up to LCS_TABLE_CELLS cells, else by `_lcs_by_occurrence` (O(n log n)).
 LCS_TABLE_CELLS = 40_000
 LCS_MAX_EDITS = 64
-
-
-@dataclass(frozen=True)
-class HookKey:
-    """A hook as comparable across runs."""
-
-    scope: str
-    module: Optional[str]
-    tensor: Optional[str]
-    kind: str
-    name: str
-    occurrence: int = 0
-
-    def label(self) -> str:
-        text = repr(self.name)
-        if self.occurrence:
-            text += f" #{self.occurrence + 1}"
-        if self.scope == "global":
-            text += " (global)"
-        elif self.scope == "tensor":
-            text += f" (tensor hook on {self.tensor})" if self.tensor else " (tensor hook)"
-        return text
 
 
 SeqKey = tuple[int, str, Optional[str], str]  # (step, phase, module the call was for, kind)
@@ -122,22 +101,6 @@ class TraceDiff:
 
 def _moved_in_same_list(a: Difference, b: Difference) -> bool:
     return b.change == "moved" and (a.step, a.phase, a.module, a.kind) == (b.step, b.phase, b.module, b.kind)
-
-
-# -- identities ----------------------------------------------------------------------------------
-def _hook_keys(trace: Trace, canon: dict[HookKey, HookKey]) -> dict[int, HookKey]:
-    """Handle id -> HookKey; duplicates numbered in registration order (handle ids only grow).
-
-    Equal keys of both traces are one object (`canon`), so comparing two lists of keys is a C-level
-    identity check per item rather than a dataclass `__eq__` call."""
-    seen: Counter[tuple] = Counter()
-    keys: dict[int, HookKey] = {}
-    for h in sorted(trace.hooks, key=lambda x: x.id):
-        base = (h.scope, h.module, h.tensor, h.kind, h.name)
-        key = HookKey(*base, occurrence=seen[base])
-        keys[h.id] = canon.setdefault(key, key)
-        seen[base] += 1
-    return keys
 
 
 def _hook_events(events: list[Event]) -> list[Event]:
@@ -487,7 +450,7 @@ def diff_traces(a: Trace, b: Trace) -> TraceDiff:
 
 def _diff(a: Trace, b: Trace) -> TraceDiff:
     canon: dict[HookKey, HookKey] = {}
-    ka, kb = _hook_keys(a, canon), _hook_keys(b, canon)
+    ka, kb = hook_keys(a, canon), hook_keys(b, canon)
     ha, fa = _hook_stream(a, ka, canon)
     hb, fb = _hook_stream(b, kb, canon)
     steps = (len(set(map(operator.itemgetter(1), ha))), len(set(map(operator.itemgetter(1), hb))))

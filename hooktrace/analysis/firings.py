@@ -89,7 +89,7 @@ def is_library_hook(hook: Hook) -> bool:
 
 
 def level_of(trace: Trace, hook_ids: Iterable[Optional[int]]) -> str:
-    """"info" when every hook named is a library's own hook, else "warn"."""
+    """ "info" when every hook named is a library's own hook, else "warn"."""
     hooks = [_find(trace, h) for h in hook_ids if h is not None]
     known = [h for h in hooks if h is not None]
     if known and len(known) == len(hooks) and all(is_library_hook(h) for h in known):

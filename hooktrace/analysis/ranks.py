@@ -1,7 +1,7 @@
 """Comparing the ranks of one multi-rank run: pure functions of their traces (no torch).
 
-Hooks are matched across processes by what they are — (scope, kind, module, tensor, name,
-defined_at) — not by handle id, since ids differ between processes.
+Hooks are matched across processes by what they are (`identity.HookKey`, as `diff` does), not by
+handle id, since ids differ between processes.
 """
 
 from __future__ import annotations
@@ -12,15 +12,14 @@ from typing import Optional
 
 from ..schema import Hook, Trace
 from .diff import TraceDiff, diff_traces
+from .identity import HookKey
 
 _MAX_DIFF_LINES = 8
 
-HookKey = tuple  # (scope, kind, module, tensor, name, defined_at): a hook's identity across processes
-
 
 def hook_key(hook: Hook) -> HookKey:
-    """What makes two hooks on two ranks "the same hook": handle ids differ between processes."""
-    return (hook.scope, hook.kind, hook.module, hook.tensor, hook.name, hook.defined_at)
+    """What makes two hooks on two ranks "the same hook" (registration counts compare per identity)."""
+    return HookKey.of(hook)
 
 
 def _where(module: Optional[str]) -> str:
@@ -66,7 +65,7 @@ def _fired(trace: Trace) -> list[_Fired]:
         except KeyError:
             hook = None
         if hook is None:
-            key: HookKey = ("?", e.kind, e.module, None, f"#{e.hook}", None)
+            key = HookKey("unknown", e.module, None, e.kind or "?", f"<hook {e.hook}>")
             label = f"hook #{e.hook} ({e.kind} on {_where(e.module)})"
         else:
             key, label = hook_key(hook), hook_label(hook)

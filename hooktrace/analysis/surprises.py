@@ -1,31 +1,34 @@
-"""Surprise rules (SPEC §4): pure functions of a Trace that explain orders people do not expect."""
+"""Surprise rules (SPEC §4): pure functions of a Trace that explain orders people do not expect.
+
+A surprise claims only what the trace proves. Each has a level: `warn` when it changes the order or
+the values a user's own hooks see, `info` for the rest (a library's own hooks, state-dict hooks
+nobody asked for); `split_levels` separates them for renderers.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Callable, Iterable, Optional
 
-from ..schema import (
-    FORWARD_KINDS,
-    REGISTRATION_KINDS,
-    ROOT,
-    STATE_DICT_KINDS,
-    TENSOR_KINDS,
-    Event,
-    Hook,
-    Surprise,
-    Trace,
-    is_internal_error,
-)
+from ..kinds import FORWARD_KINDS, GLOBAL, MODULE, NODE, SAVED_TENSORS, TENSOR, TENSOR_KINDS
+from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
+from .firings import firings, level_of, module_calls, plural
+from .identity import identity
+from .never_fired import never_fired
 
-REPLACED = {
-    "forward_pre": "the module's inputs (args/kwargs)",
-    "forward": "the module's output",
-    "backward_pre": "grad_output",
-    "backward": "grad_input",
-    "backward_legacy": "grad_input",
-    "grad": "the tensor's gradient",
-    "state_dict": "the state dict",
+__all__ = ["RULES", "find_surprises", "is_internal_error", "split_levels"]
+
+MAX_SEQS = 50  # events named per surprise (enough to find them; the count is in the message)
+REPLACED = {  # what PyTorch uses a hook's return value for, and who sees it then
+    "forward_pre": "the module's inputs (args/kwargs): the hooks after it and the module's forward saw",
+    "forward": "the module's output: the hooks after it and the code that called the module saw",
+    "backward_pre": "grad_output: the hooks after it and the module's backward saw",
+    "backward": "grad_input: the hooks after it and the rest of the backward pass saw",
+    "backward_legacy": "grad_input: the hooks after it and the rest of the backward pass saw",
+    "grad": "the tensor's gradient: the hooks after it and the rest of the backward pass saw",
+    "node_pre": "the node's grad_outputs: the node and the hooks after it saw",
+    "node": "the node's grad_inputs: the rest of the backward pass saw",
+    "state_dict": "the state dict: the caller of state_dict() saw",
 }
 
 
@@ -39,199 +42,198 @@ def label(hook: Hook) -> str:
     return f"`{hook.name}`"
 
 
-def _list(names: Iterable[str], most: int = 6) -> str:
-    names = list(dict.fromkeys(names))
-    shown = ", ".join(names[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+def on(hook: Hook) -> str:
+    """What a hook is on: its tensor, or its module."""
+    return hook.tensor or where(hook.module)
 
 
-def _groups(trace: Trace) -> list[list[Event]]:
-    """Runs of consecutive hook events of one (step, phase, module, kind): one firing of a hook list."""
-    groups: list[list[Event]] = []
-    last = None
-    for e in trace.events:
-        if e.type != "hook":
-            continue
-        key = (e.step, e.phase, e.module, e.kind)
-        if key == last:
-            groups[-1].append(e)
-        else:
-            groups.append([e])
-            last = key
-    return groups
+def names(items: Iterable[str], most: int = 6) -> str:
+    """`a`, `b` and `c`; past `most`, "... and N more"."""
+    unique = list(dict.fromkeys(items))
+    if len(unique) > most:
+        return ", ".join(unique[:most]) + f" and {len(unique) - most} more"
+    if len(unique) > 1:
+        return ", ".join(unique[:-1]) + f" and {unique[-1]}"
+    return unique[0] if unique else ""
 
 
+def _hook(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
+    try:
+        return trace.hook(hook_id) if hook_id is not None else None
+    except KeyError:
+        return None
+
+
+# -- order around one call ----------------------------------------------------------------------
 def global_first(trace: Trace) -> list[Surprise]:
-    prepended = {h.id for h in trace.hooks if h.scope == "module" and h.prepend}
-    global_ids = {h.id for h in trace.hooks if h.scope == "global"}
+    prepended = {h.id for h in trace.hooks if h.scope == MODULE and h.prepend}
+    global_ids = {h.id for h in trace.hooks if h.scope == GLOBAL}
     if not prepended or not global_ids:  # the common case: nothing to look for in the events
         return []
     found: dict[int, tuple[set[int], list[int]]] = {}
-    for group in _groups(trace):
+    for firing in firings(trace):
         globals_seen: list[Event] = []
-        for e in group:
+        for e in firing:
             if e.hook in global_ids:
                 globals_seen.append(e)
             elif e.hook in prepended and globals_seen:
                 ids, seqs = found.setdefault(e.hook, (set(), []))
                 ids.update(g.hook for g in globals_seen)
-                if len(seqs) < 50:
+                if len(seqs) < MAX_SEQS:
                     seqs.extend([*(g.seq for g in globals_seen), e.seq])
     out = []
-    for hid, (global_ids, seqs) in found.items():
+    for hid, (before, seqs) in found.items():
         hook = trace.hook(hid)
         how = "registered with prepend=True" if hook.prepend_source == "registration" else "prepended"
-        names = _list(label(trace.hook(g)) for g in sorted(global_ids))
+        ahead = sorted(before)
+        hooks = f"hook{'s' if len(ahead) > 1 else ''} {names(label(trace.hook(g)) for g in ahead)}"
         out.append(
             Surprise(
                 "global-first",
-                f"{label(hook)} on {where(hook.module)} was {how}, yet the global {hook.kind} hook(s) {names} "
-                f"still ran before it: PyTorch runs global module hooks before every module's own hooks, and "
+                f"{label(hook)} on {where(hook.module)} was {how}, yet the global {hook.kind} {hooks} still "
+                f"ran before it: PyTorch runs global module hooks before every module's own hooks, and "
                 f"prepend only reorders the module's own dict.",
-                [hid, *sorted(global_ids)],
+                [hid, *ahead],
                 sorted(set(seqs)),
+                level=level_of(trace, [hid, *ahead]),
             )
         )
     return out
 
 
 def prepend_displaced(trace: Trace) -> list[Surprise]:
-    prepended = {h.id for h in trace.hooks if h.scope == "module" and h.prepend}
+    prepended = {h.id for h in trace.hooks if h.scope == MODULE and h.prepend}
     if not prepended:  # the common case: nothing to look for in the events
         return []
-    module_ids = {h.id for h in trace.hooks if h.scope == "module"}
+    module_ids = {h.id for h in trace.hooks if h.scope == MODULE}
     found: dict[int, tuple[set[int], list[int]]] = {}
-    for group in _groups(trace):
+    for firing in firings(trace):
         before: list[Event] = []
-        for e in group:
+        for e in firing:
             if e.hook not in module_ids:
                 continue
-            if e.hook in prepended and before:
+            ahead = [b for b in before if b.hook != e.hook]
+            if e.hook in prepended and ahead:
                 ids, seqs = found.setdefault(e.hook, (set(), []))
-                ids.update(b.hook for b in before)
-                if len(seqs) < 50:
-                    seqs.extend([*(b.seq for b in before), e.seq])
+                ids.update(b.hook for b in ahead)
+                if len(seqs) < MAX_SEQS:
+                    seqs.extend([*(b.seq for b in ahead), e.seq])
             before.append(e)
     out = []
-    for hid, (ahead, seqs) in found.items():
+    for hid, (ahead_ids, seqs) in found.items():
         hook = trace.hook(hid)
-        later = [trace.hook(a) for a in sorted(ahead)]
-        names = _list(label(h) for h in later)
+        ahead = [trace.hook(a) for a in sorted(ahead_ids)]
+        later_prepends = [h for h in ahead if h.prepend and h.id > hid]
+        others = [h for h in ahead if h not in later_prepends]
+        why = []
+        if later_prepends:
+            why.append(
+                f"{names(label(h) for h in later_prepends)} {'were' if len(later_prepends) > 1 else 'was'} "
+                f"registered later with prepend, and the latest prepend runs first"
+            )
+        if others:
+            why.append(
+                f"{names(label(h) for h in others)} {'were' if len(others) > 1 else 'was'} put in front of it "
+                f"without prepend=True after it was registered (the hook dict was edited directly)"
+            )
         out.append(
             Surprise(
                 "prepend-displaced",
-                f"{label(hook)} on {where(hook.module)} is flagged prepend but did not run first among the module's "
-                f"{hook.kind} hooks: {names} went in front of it (a later prepend=True wins over an earlier one).",
-                [hid, *sorted(ahead)],
+                f"{label(hook)} on {where(hook.module)} is flagged prepend but is not first among the module's "
+                f"{hook.kind} hooks: {names(label(h) for h in ahead)} ran before it; {'; '.join(why)}.",
+                [hid, *sorted(ahead_ids)],
                 sorted(set(seqs)),
+                level=level_of(trace, [hid, *ahead_ids]),
             )
         )
     return out
 
 
+# -- recompute ----------------------------------------------------------------------------------
 def recompute(trace: Trace) -> list[Surprise]:
     events = [
-        e for e in trace.events if e.phase == "recompute" and e.type == "hook" and e.kind in FORWARD_KINDS
+        e for e in trace.events if e.type == "hook" and e.phase == "recompute" and e.kind in FORWARD_KINDS
     ]
     if not events:
         return []
-    modules = _list(where(e.module) for e in events)
-    hook_ids = sorted({e.hook for e in events})
+    hook_ids = sorted({e.hook for e in events if e.hook is not None})
+    modules = names(where(e.module) for e in events)
     message = (
-        f"forward hooks fired again during backward ({len(events)} call(s) on {modules}): activation "
-        f"checkpointing re-ran the forward, so these hooks see a second forward per step."
+        f"forward hooks fired again during backward ({plural(len(events), 'call')} on {modules}): the forward "
+        f"of these modules ran again while autograd's backward ran, as activation checkpointing does, so "
+        f"these hooks saw a second forward in the step."
     )
-    stopped = [
-        e for e in trace.events if e.type == "exit" and e.phase == "recompute" and is_internal_error(e.error)
-    ]
+    calls = module_calls(trace)
+    stopped = [c for c in calls if c.phase == "recompute" and c.stopped]
+    seqs = [e.seq for e in events]
     if stopped:
-        forward_ids = {
-            (e.step, e.module, e.hook)
-            for e in trace.events
-            if e.type == "hook" and e.phase == "forward" and e.kind in FORWARD_KINDS
-        }
-        again = {(e.step, e.module, e.hook) for e in events}
-        skipped = sorted(
-            {hid for (step, _m, hid) in forward_ids - again if any(s.step == step for s in stopped)}
-        )
         message += (
-            f" The recompute stopped early in {_list(where(e.module) for e in stopped)} (PyTorch's checkpoint "
-            f"stops once it has what backward needs)"
+            f" PyTorch's checkpoint stopped the recompute early (it raised and caught "
+            f"_StopRecomputationError in {names(where(c.module) for c in stopped)}) once it had what "
+            f"backward needed"
         )
+        skipped = _did_not_rerun(trace, calls, stopped)
         if skipped:
-            message += f", so {_list(label(trace.hook(h)) for h in skipped)} did not re-run"
+            message += f", so {names(f'{label(h)} (on {where(h.module)})' for h in skipped)} did not re-run"
         message += "."
-        return [Surprise("recompute", message, hook_ids, [e.seq for e in events] + [e.seq for e in stopped])]
-    return [Surprise("recompute", message, hook_ids, [e.seq for e in events])]
-
-
-def _never_fired_reason(trace: Trace, hook: Hook, entered: set, raised: set, backward_ran: bool) -> str:
-    if hook.removed_during_run:
-        return "it was removed during the run before it could fire"
-    if hook.kind in STATE_DICT_KINDS:
-        return "state_dict()/load_state_dict() was not called while tracing"
-    if hook.kind in REGISTRATION_KINDS:
-        return "no submodule, parameter or buffer was registered while tracing"
-    if hook.kind not in FORWARD_KINDS and not backward_ran:
-        return "no backward pass ran (--no-backward, or nothing in the output required grad)"
-    if hook.scope == "module" and hook.module not in entered:
-        return f"its module {where(hook.module)} was never called"
-    if hook.kind == "forward" and hook.module in raised and not hook.always_call:
-        return (
-            f"the forward of {where(hook.module)} raised before forward hooks ran "
-            f"(always_call=True would have run it)"
-        )
-    if hook.scope == "module" and hook.kind in ("backward_pre", "backward", "backward_legacy"):
-        return (
-            f"no gradient flowed through {where(hook.module)} (its outputs did not require grad or were "
-            f"not used by the loss)"
-        )
-    if hook.scope == "tensor":
-        return f"no gradient was computed for {hook.tensor or 'its tensor'}"
-    if hook.registered_during_run:
-        return "it was registered during the run, after the calls it would have fired for"
-    return "nothing it applies to ran while tracing"
-
-
-def never_fired(trace: Trace) -> list[Surprise]:
-    fired = {e.hook for e in trace.events if e.type == "hook"}
-    entered = {e.module for e in trace.events if e.type == "enter"}
-    raised = {
-        e.module for e in trace.events if e.type == "exit" and e.error and not is_internal_error(e.error)
-    }
-    backward_ran = any(e.phase == "backward" for e in trace.events)
-    by_reason: dict[str, list[Hook]] = defaultdict(list)
-    for hook in trace.hooks:
-        if hook.id not in fired:
-            by_reason[_never_fired_reason(trace, hook, entered, raised, backward_ran)].append(hook)
+        seqs += [c.exit for c in stopped if c.exit is not None]
     return [
-        Surprise(
-            "never-fired",
-            f"{_list(f'{label(h)} ({h.kind} on {h.tensor or where(h.module)})' for h in hooks)} never fired: "
-            f"{reason}.",
-            [h.id for h in hooks],
-            [],
-        )
-        for reason, hooks in by_reason.items()
+        Surprise("recompute", message, hook_ids, sorted(seqs)[:MAX_SEQS], level=level_of(trace, hook_ids))
     ]
 
 
+def _did_not_rerun(trace: Trace, calls: list, stopped: list) -> list[Hook]:
+    """Forward-kind hooks that fired inside a module's forward call but not inside its recompute
+    call that PyTorch stopped: only for modules called once in that step's forward (so the two calls
+    are surely the same), and only hooks inside that call (the checkpointed region)."""
+    hook_events = [e for e in trace.events if e.type == "hook" and e.kind in FORWARD_KINDS]
+    missing: dict[int, Hook] = {}
+    for stop in stopped:
+        forward = [
+            c for c in calls if c.phase == "forward" and c.step == stop.step and c.module == stop.module
+        ]
+        if len(forward) != 1 or forward[0].exit is None:
+            continue
+        first = {(e.module, e.hook) for e in hook_events if forward[0].holds(e)}
+        again = {(e.module, e.hook) for e in hook_events if stop.holds(e)}
+        for _module, hid in sorted(first - again, key=lambda k: (str(k[0]), k[1] or -1)):
+            hook = _hook(trace, hid)
+            if hook is not None:
+                missing.setdefault(hook.id, hook)
+    return list(missing.values())
+
+
+# -- values -------------------------------------------------------------------------------------
 def replaced_value(trace: Trace) -> list[Surprise]:
-    by_hook: dict[int, list[int]] = defaultdict(list)
+    """Hooks whose return value PyTorch used instead of what it passed (`returned`: not None and not
+    the very object it was given); the same hook re-registered every step counts as one."""
+    by_hook: dict[tuple, list[Event]] = defaultdict(list)
+    first: dict[tuple, Hook] = {}
     for e in trace.events:
         if e.type == "hook" and e.returned:
-            by_hook[e.hook].append(e.seq)
+            hook = _hook(trace, e.hook)
+            if hook is None:
+                continue
+            key = identity(hook)
+            first.setdefault(key, hook)
+            by_hook[key].append(e)
     out = []
-    for hid, seqs in by_hook.items():
-        hook = trace.hook(hid)
-        what = REPLACED.get(hook.kind, "a value PyTorch uses")
+    for key, events in by_hook.items():
+        hook = first[key]
+        ids = sorted({e.hook for e in events if e.hook is not None})
+        what = REPLACED.get(hook.kind, "a value PyTorch uses: what ran after it saw")
+        steps = sorted({e.step for e in events})
+        in_steps = (
+            f" (step{'s' if len(steps) > 1 else ''} {names(str(s) for s in steps)})" if len(steps) > 1 else ""
+        )
         out.append(
             Surprise(
                 "replaced-value",
-                f"{label(hook)} ({hook.kind} on {hook.tensor or where(hook.module)}) returned a value {len(seqs)} "
-                f"time(s); it replaced {what}, so every hook after it saw the replacement.",
-                [hid],
-                seqs,
+                f"{label(hook)} ({hook.kind} on {on(hook)}) returned a new value in "
+                f"{plural(len(events), 'call')}{in_steps}; PyTorch used it in place of {what} it.",
+                ids,
+                [e.seq for e in events][:MAX_SEQS],
+                level=level_of(trace, ids),
             )
         )
     return out
@@ -243,17 +245,18 @@ def legacy_backward(trace: Trace) -> list[Surprise]:
         return []
     seqs: dict[int, list[int]] = {h.id: [] for h in legacy}
     for e in trace.events:
-        found = seqs.get(e.hook) if e.type == "hook" else None
-        if found is not None and len(found) < 50:
+        found = seqs.get(e.hook) if e.type == "hook" else None  # type: ignore[arg-type]
+        if found is not None and len(found) < MAX_SEQS:
             found.append(e.seq)
     return [
         Surprise(
             "legacy-backward",
-            f"{label(h)} on {where(h.module)} uses register_backward_hook (non-full): it is attached to the "
-            f"grad_fn of the output's last operation, so grad_input can miss gradients when forward has "
-            f"several operations. Use register_full_backward_hook.",
+            f"{label(h)} on {where(h.module)} uses register_backward_hook (non-full): PyTorch attaches it to "
+            f"the grad_fn of the output's last operation, so its grad_input can miss gradients when the "
+            f"module's forward has several operations. Use register_full_backward_hook.",
             [h.id],
             seqs[h.id],
+            level=level_of(trace, [h.id]),
         )
         for h in legacy
     ]
@@ -265,90 +268,149 @@ def hook_error(trace: Trace) -> list[Surprise]:
     for e in events:
         if e.type != "hook" or not e.error or is_internal_error(e.error):
             continue
-        hook = trace.hook(e.hook)
+        hook = _hook(trace, e.hook)
+        name = label(hook) if hook else f"hook #{e.hook}"
         still: list[Event] = []
         for later in events[e.seq + 1 :]:
             if later.module == e.module and later.type == "exit":
                 break
             if later.type == "hook" and later.module == e.module and later.kind == "forward":
-                if trace.hook(later.hook).always_call:
+                other = _hook(trace, later.hook)
+                if other is not None and other.always_call:
                     still.append(later)
-        message = f"{label(hook)} ({hook.kind} on {hook.tensor or where(e.module)}) raised {e.error}."
+        message = f"{name} ({e.kind} on {on(hook) if hook else where(e.module)}) raised {e.error}."
         if still:
-            message += (
-                f" always_call hooks that still ran: {_list(label(trace.hook(s.hook)) for s in still)}."
-            )
+            ran = names(label(trace.hook(s.hook)) for s in still)  # type: ignore[arg-type]
+            message += f" always_call forward hook{'s' if len(still) > 1 else ''} that still ran: {ran}."
         elif e.kind in FORWARD_KINDS:
             message += " No always_call forward hook ran after it."
+        ids = [i for i in (e.hook, *(s.hook for s in still)) if i is not None]
+        out.append(Surprise("hook-error", message, ids, [e.seq, *(s.seq for s in still)], level="warn"))
+    return out
+
+
+# -- registration -------------------------------------------------------------------------------
+def _on_parameter(hook: Hook) -> bool:
+    return (
+        hook.scope == TENSOR
+        and bool(hook.tensor)
+        and not hook.tensor.startswith(("output of", "input of", "tensor in", "tensor"))  # type: ignore[union-attr]
+    )
+
+
+def registered_during_run(trace: Trace) -> list[Surprise]:
+    """A hook registered while the model ran, when the events prove the calls differ: a call of its
+    module (forward kinds) or a step (other kinds) ran without it, and another with it."""
+    hooks = [
+        h
+        for h in trace.hooks
+        if h.registered_during_run
+        and h.scope not in (NODE, SAVED_TENSORS)
+        and (h.scope != TENSOR or _on_parameter(h))
+    ]
+    if not hooks:
+        return []
+    fired: dict[int, list[Event]] = defaultdict(list)
+    for e in trace.events:
+        if e.type == "hook" and e.hook is not None:
+            fired[e.hook].append(e)
+    calls = [c for c in module_calls(trace) if c.phase in ("forward", "recompute") and not c.raised]
+    out = []
+    for hook in hooks:
+        proof = _with_and_without(trace, hook, fired.get(hook.id, []), calls)
+        if proof is None:
+            continue
+        sentence, seqs = proof
         out.append(
             Surprise(
-                "hook-error", message, [hook.id, *(s.hook for s in still)], [e.seq, *(s.seq for s in still)]
+                "registered-during-run",
+                f"{label(hook)} ({hook.kind} on {on(hook)}) was registered while the model ran: {sentence}, "
+                f"so the hooks that ran differ between them.",
+                [hook.id],
+                seqs,
+                level=level_of(trace, [hook.id]),
             )
         )
     return out
 
 
-def _on_parameter(hook: Hook) -> bool:
-    return (
-        hook.scope == "tensor"
-        and bool(hook.tensor)
-        and not hook.tensor.startswith(("output of", "input of", "tensor in", "tensor"))
-    )
-
-
-def registered_during_run(trace: Trace) -> list[Surprise]:
-    hooks = [h for h in trace.hooks if h.registered_during_run and (h.scope != "tensor" or _on_parameter(h))]
-    if not hooks:
-        return []
-    return [
-        Surprise(
-            "registered-during-run",
-            f"{_list(f'{label(h)} ({h.kind} on {h.tensor or where(h.module)})' for h in hooks)} "
-            f"{'was' if len(hooks) == 1 else 'were'} registered while the model ran, so the hook order differs "
-            f"between the call that registered {'it' if len(hooks) == 1 else 'them'} and later calls or steps.",
-            [h.id for h in hooks],
-            [],
+def _with_and_without(
+    trace: Trace, hook: Hook, mine: list[Event], calls: list
+) -> Optional[tuple[str, list[int]]]:
+    """What ran without the hook and what with it, and the first event of each; None unless both."""
+    if not mine:
+        return None
+    if hook.kind in FORWARD_KINDS:
+        if hook.scope == GLOBAL:  # a global hook fires in every module call: its events name the module
+            has = [any(e.module == c.module and c.holds(e) for e in mine) for c in calls]
+            relevant, what = calls, "module call"
+        else:
+            relevant = [c for c in calls if c.module == hook.module]
+            has = [any(c.holds(e) for e in mine) for c in relevant]
+            what = f"call of {where(hook.module)}"
+        n_with = sum(has)
+        n_without = len(has) - n_with
+        if not n_with or not n_without:
+            return None
+        first_without = next(c for c, h in zip(relevant, has) if not h)
+        sentence = (
+            f"{plural(n_without, what, what.replace('call', 'calls', 1))} ran without it and {n_with} with it"
         )
-    ]
+        return sentence, sorted([first_without.enter, mine[0].seq])
+    phase = mine[0].phase
+    steps_with = sorted({e.step for e in mine})
+    steps_without = sorted({e.step for e in trace.events if e.phase == phase} - set(steps_with))
+    if not steps_without:
+        return None
+    sentence = f"the {phase} of {_steps(steps_without)} ran without it and the {phase} of {_steps(steps_with)} with it"
+    return sentence, [mine[0].seq]
 
 
+def _steps(steps: list[int]) -> str:
+    return f"step{'s' if len(steps) > 1 else ''} {names(str(s) for s in steps)}"
+
+
+# -- tensor hooks vs module backward hooks ------------------------------------------------------
 def _output_module(hook: Hook) -> Optional[str]:
-    if hook.scope == "tensor" and hook.tensor and hook.tensor.startswith("output of "):
+    if hook.scope == TENSOR and hook.tensor and hook.tensor.startswith("output of "):
         path = hook.tensor[len("output of ") :]
         return "" if path == ROOT else path
     return None
 
 
 def output_hook_before_backward_pre(trace: Trace) -> list[Surprise]:
-    first_pre: dict[tuple[int, str], int] = {}
+    first_pre: dict[tuple[int, str], Event] = {}
     for e in trace.events:
         if e.type == "hook" and e.kind == "backward_pre" and e.phase == "backward" and e.module is not None:
-            first_pre.setdefault((e.step, e.module), e.seq)
-    found: dict[int, list[int]] = defaultdict(list)
+            first_pre.setdefault((e.step, e.module), e)
+    if not first_pre:
+        return []
+    found: dict[int, list[Event]] = defaultdict(list)
     for e in trace.events:
         if e.type != "hook" or e.kind not in TENSOR_KINDS:
             continue
-        module = _output_module(trace.hook(e.hook))
+        hook = _hook(trace, e.hook)
+        module = _output_module(hook) if hook else None
         if module is None:
             continue
         pre = first_pre.get((e.step, module))
-        if pre is not None and e.seq < pre:
-            found[e.hook].extend([e.seq, pre])
+        if pre is not None and e.seq < pre.seq:
+            found[e.hook].extend([e, pre])  # type: ignore[index]
     out = []
-    for hid, seqs in found.items():
+    for hid, events in found.items():
         hook = trace.hook(hid)
-        module = _output_module(hook)
-        pre_ids = sorted(
-            {ev.hook for ev in trace.events if ev.seq in set(seqs) and ev.kind == "backward_pre"}
-        )
+        pre_ids = sorted({ev.hook for ev in events if ev.kind == "backward_pre" and ev.hook is not None})
+        pres = names(label(trace.hook(p)) for p in pre_ids)
         out.append(
             Surprise(
                 "output-hook-before-backward-pre",
-                f"tensor hook {label(hook)} on the {hook.tensor} fired before the full backward pre-hook(s) "
-                f"{_list(label(trace.hook(p)) for p in pre_ids)} of {where(module)}: a hook on the output tensor "
-                f"runs when its gradient is ready, before the module's backward hooks see grad_output.",
+                f"tensor hook {label(hook)} on the {hook.tensor} fired before the full backward pre-hook"
+                f"{'s' if len(pre_ids) > 1 else ''} {pres} of {where(_output_module(hook))}: a hook on the "
+                f"output tensor runs when its gradient is ready, before the module's backward hooks see "
+                f"grad_output.",
                 [hid, *pre_ids],
-                sorted(set(seqs)),
+                sorted({ev.seq for ev in events})[:MAX_SEQS],
+                level=level_of(trace, [hid, *pre_ids]),
             )
         )
     return out
@@ -373,3 +435,13 @@ def find_surprises(trace: Trace) -> list[Surprise]:
     for rule in RULES.values():
         found.extend(rule(trace))
     return found
+
+
+def split_levels(surprises: Iterable[Surprise]) -> tuple[list[Surprise], list[Surprise]]:
+    """(warn, info), each in the order given: renderers show every `warn` and sum the `info` ones up
+    ("+N about library hooks") unless asked for all. A missing or unknown level counts as `warn`."""
+    warn: list[Surprise] = []
+    info: list[Surprise] = []
+    for s in surprises:
+        (info if getattr(s, "level", "warn") == "info" else warn).append(s)
+    return warn, info

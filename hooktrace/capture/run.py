@@ -6,7 +6,6 @@ Also the hook inventory for `hooktrace hooks`: the factory is called inside a ca
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -147,6 +146,7 @@ def run(
             finally:
                 signals.armed = False
         stopped = stopped or signals.pending
+    t.set_meta(backward=backward_meta(options.backward, notes, exception or stopped))
     trace = t.trace
     if not options.backward:
         notes.append("backward skipped (--no-backward)")
@@ -160,6 +160,16 @@ def run(
         notes=notes,
         stopped_by=signal.Signals(stopped) if stopped is not None else None,
     )
+
+
+def backward_meta(backward: bool, notes: list[str], interrupted: Any) -> Optional[str]:
+    """`meta.backward`: "off" (--no-backward), "no-grad" (skipped: nothing required grad), "ran" (every
+    step), None when the run raised or was stopped (the surprise rules then say what the events show)."""
+    if not backward:
+        return "off"
+    if any(note.startswith("backward skipped") for note in notes):
+        return "no-grad"
+    return "ran" if interrupted is None else None
 
 
 def prepared_inputs_rejected(
@@ -270,16 +280,6 @@ def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
 
 
 @dataclass
-class InventoryRow:
-    """The hooks of one kind that fire for one module (or one tensor), in firing order."""
-
-    module: str
-    kind: str
-    hooks: list[Hook]
-    tensor: Optional[str] = None
-
-
-@dataclass
 class Inventory:
     """The hooks a factory left registered: its trace, and the ids still in PyTorch's dicts."""
 
@@ -294,79 +294,3 @@ def inventory(factory: Factory) -> Inventory:
         t.attach(target.model)
         t.set_meta(target=factory.spec, steps=0)
     return Inventory(t.trace, live_hook_ids(target.model))
-
-
-def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[InventoryRow]:
-    """Per module (named_modules order), per kind: global hooks first, then the module's dict order.
-
-    Global hooks fire for every module; they are listed with the modules that have hooks of their own
-    of that kind. Tensor hooks on parameters follow their module's rows, one row per tensor and kind.
-    `live`: ids still registered (hooks the factory registered and removed again are left out).
-    """
-    from ..schema import KINDS
-
-    hooks_now = [h for h in trace.hooks if (h.id in live if live is not None else not h.removed_during_run)]
-    globals_by_kind: dict[str, list[Hook]] = {}
-    for h in hooks_now:
-        if h.scope == "global":
-            globals_by_kind.setdefault(h.kind, []).append(h)
-    rows: list[InventoryRow] = []
-    paths = [m.path for m in trace.modules]
-    paths += sorted({h.module for h in hooks_now if h.module is not None and h.module not in set(paths)})
-    for path in paths:
-        own = [h for h in hooks_now if h.module == path and h.scope == "module"]
-        for kind in KINDS:
-            mine = [h for h in own if h.kind == kind]
-            if mine:
-                rows.append(InventoryRow(path, kind, globals_by_kind.get(kind, []) + mine))
-        tensors: dict[tuple[str, str], list[Hook]] = {}
-        for h in hooks_now:
-            if h.scope == "tensor" and h.module == path:
-                tensors.setdefault((h.tensor or "?", h.kind), []).append(h)
-        for (tensor, kind), hooks in tensors.items():
-            rows.append(InventoryRow(path, kind, hooks, tensor=tensor))
-    return rows
-
-
-@dataclass
-class ModuleHooks:
-    """One module's rows, and the other modules (e.g. layers 1..11) whose hooks are the same."""
-
-    module: str
-    rows: list[InventoryRow]
-    same: list[str] = field(default_factory=list)
-
-
-def _numbered(path: str) -> str:
-    return re.sub(r"(?:(?<=\.)|^)\d+(?=\.|$)", "#", path)
-
-
-def _hook_key(h: Hook) -> tuple:
-    return (h.name, h.kind, h.scope, h.prepend, h.prepend_source, h.with_kwargs, h.always_call,
-            h.defined_at, h.registered_at, h.registered_by)  # fmt: skip
-
-
-def group_modules(rows: list[InventoryRow], collapse: bool = True) -> list[ModuleHooks]:
-    """Rows per module; with `collapse`, modules whose path differs only in numbers (layers.0, layers.1)
-    and whose hooks are the same are folded into the first one."""
-    per_module: dict[str, list[InventoryRow]] = {}
-    for row in rows:
-        per_module.setdefault(row.module, []).append(row)
-    groups: list[ModuleHooks] = []
-    seen: dict[tuple, ModuleHooks] = {}
-    for path, mine in per_module.items():
-        prefix = f"{path}." if path else ""
-        key = (
-            _numbered(path),
-            tuple(
-                (r.kind, (r.tensor or "").removeprefix(prefix), tuple(_hook_key(h) for h in r.hooks))
-                for r in mine
-            ),
-        )
-        if collapse and key in seen:
-            seen[key].same.append(path)
-            continue
-        group = ModuleHooks(path, mine)
-        seen[key] = group
-        groups.append(group)
-    return groups

@@ -1,0 +1,271 @@
+"""`never-fired`: a registered hook that did not fire, with the reason when the trace proves it.
+
+A reason is stated as fact only when the events (or `meta.backward`, what `hooktrace run` did) prove
+it; otherwise the message says the trace does not show why. Backward hooks under `--no-backward`
+(`meta.backward == "off"`) are what the user asked for: no surprise.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..kinds import (
+    BACKWARD,
+    FORWARD_KINDS,
+    GLOBAL,
+    MODULE,
+    NODE,
+    OPTIMIZER_KINDS,
+    REGISTRATION_KINDS,
+    STATE_DICT_KINDS,
+    TABLE,
+    TENSOR,
+)
+from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
+from .firings import Call, is_library_hook, module_calls, plural
+
+CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
+NOT_ASKED = "info"  # hooks of calls nobody made (state_dict(), registrations): not surprising
+
+
+def _where(path: Optional[str]) -> str:
+    return f"`{path or ROOT}`" if path is not None else "a module outside the model"
+
+
+def _label(hook: Hook) -> str:
+    return f"`{hook.name}`"
+
+
+def _names(items: list[str], most: int = 6) -> str:
+    unique = list(dict.fromkeys(items))
+    if len(unique) > most:
+        return ", ".join(unique[:most]) + f" and {len(unique) - most} more"
+    return ", ".join(unique[:-1]) + f" and {unique[-1]}" if len(unique) > 1 else "".join(unique)
+
+
+def _inside(path: Optional[str], parent: str) -> bool:
+    """`path` is a strict descendant of module `parent`."""
+    if path is None or path == parent:
+        return False
+    return parent == "" or path.startswith(parent + ".")
+
+
+@dataclass
+class _Facts:
+    """What the events say, computed once per trace."""
+
+    trace: Trace
+    fired: set = field(default_factory=set)
+    calls: list[Call] = field(default_factory=list)
+    entered: set = field(default_factory=set)
+    types: dict = field(default_factory=dict)
+    backward_steps: set = field(default_factory=set)
+    kinds_fired: set = field(default_factory=set)
+    errors: list[Event] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, trace: Trace) -> _Facts:
+        facts = cls(trace)
+        for e in trace.events:
+            if e.type == "hook":
+                facts.fired.add(e.hook)
+                facts.kinds_fired.add(e.kind)
+            elif e.type == "enter":
+                facts.entered.add(e.module)
+            if e.phase == BACKWARD:
+                facts.backward_steps.add(e.step)
+            if e.error and (e.type == "hook" or (e.type == "exit" and not is_internal_error(e.error))):
+                facts.errors.append(e)
+        facts.calls = module_calls(trace)
+        facts.types = {m.path: m.type for m in trace.modules}
+        return facts
+
+    @property
+    def backward_ran(self) -> Optional[bool]:
+        """True when the trace proves a backward pass ran, None when it cannot tell."""
+        if self.trace.meta.backward == "ran" or self.backward_steps:
+            return True
+        return None
+
+
+def never_fired(trace: Trace) -> list[Surprise]:
+    facts = _Facts.of(trace)
+    groups: dict[tuple[str, str], list[Hook]] = defaultdict(list)
+    for hook in trace.hooks:
+        if hook.id in facts.fired:
+            continue
+        found = _reason(facts, hook)
+        if found is None:
+            continue
+        reason, level = found
+        if level == "warn" and is_library_hook(hook):
+            level = "info"
+        groups[(reason, level)].append(hook)
+    out = []
+    for (reason, level), hooks in groups.items():
+        listed = _names([f"{_label(h)} ({h.kind} on {h.tensor or _where(h.module)})" for h in hooks])
+        reason = reason.replace("{its}", "its" if len(hooks) == 1 else "their")
+        out.append(
+            Surprise(
+                "never-fired", f"{listed} never fired: {reason}.", [h.id for h in hooks], [], level=level
+            )
+        )
+    return out
+
+
+def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
+    """(reason, level) for a hook that never fired, or None when that is no surprise."""
+    kind = hook.kind
+    if hook.removed_during_run:
+        return "it was removed while the model ran", "warn"
+    if kind in STATE_DICT_KINDS:
+        call = "load_state_dict()" if kind.startswith("load") else "state_dict()"
+        family = [k for k in STATE_DICT_KINDS if k.startswith("load") == kind.startswith("load")]
+        if not facts.kinds_fired.intersection(family):
+            return f"no {call} call was made while tracing", NOT_ASKED
+        return f"{call} ran while tracing, but no call reached {_where(hook.module)}", NOT_ASKED
+    if kind in REGISTRATION_KINDS:
+        what = kind.split("_")[0]
+        return f"no {what} was registered after it, while tracing", NOT_ASKED
+    if kind in OPTIMIZER_KINDS:
+        if "state_dict" in kind:
+            call = "load_state_dict()" if "load" in kind else "state_dict()"
+            return f"the optimizer's {call} was not called while tracing", NOT_ASKED
+        if hook.scope == GLOBAL:
+            return "no optimizer's step() ran after it was registered", "warn"
+        return "its optimizer's step() did not run after it was registered", "warn"
+    if hook.scope == MODULE and hook.module is not None and hook.module not in facts.entered:
+        return _never_called(facts, hook)
+    if hook.scope == MODULE and hook.module is None:
+        return "its module is not part of the traced model", "warn"
+    info = TABLE.get(kind)
+    if info is not None and info.phase == BACKWARD:
+        return _backward_reason(facts, hook)
+    if kind in FORWARD_KINDS or kind == "forward_wrapper":
+        return _forward_reason(facts, hook)
+    return "the trace does not show why", "warn"
+
+
+def _never_called(facts: _Facts, hook: Hook) -> tuple[str, str]:
+    if facts.types.get(hook.module, "") in CONTAINERS:
+        return "{its} module is a container (ModuleList, ModuleDict), which PyTorch never calls", "warn"
+    return "{its} module was never called while tracing", "warn"
+
+
+def _forward_reason(facts: _Facts, hook: Hook) -> tuple[str, str]:
+    if hook.scope == GLOBAL:
+        if not facts.entered:
+            return "no module was called while tracing", "warn"
+        return "the trace does not show why (modules were called)", "warn"
+    mine = [c for c in facts.calls if c.module == hook.module]
+    if hook.kind == "forward" and mine and all(c.raised for c in mine) and not hook.always_call:
+        return (
+            f"every call of {_where(hook.module)} raised before its forward hooks ran "
+            f"(always_call=True would have run it)",
+            "warn",
+        )
+    if hook.registered_during_run:
+        return (
+            f"it was registered while the model ran, and no later call of {_where(hook.module)} reached it",
+            "warn",
+        )
+    return (
+        f"the trace does not show why ({_where(hook.module)} was called {plural(len(mine), 'time')})",
+        "warn",
+    )
+
+
+def _backward_reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
+    backward = facts.trace.meta.backward
+    if backward == "off":
+        return None  # --no-backward: what the user asked for
+    if backward == "no-grad":
+        return "backward was skipped: nothing in the output required grad", "warn"
+    if facts.backward_ran is None:
+        last_error = facts.errors[-1] if facts.errors else None
+        if last_error is not None:
+            return (
+                f"{_where(last_error.module)} raised {last_error.error} and no backward hook fired after it",
+                "warn",
+            )
+        return "no backward hook fired at all, so the trace does not show whether a backward pass ran", "warn"
+    if hook.scope == MODULE and hook.kind in ("backward_pre", "backward"):
+        return _full_backward_reason(facts, hook), "warn"
+    if hook.scope == TENSOR:
+        return f"no gradient for {hook.tensor or 'its tensor'} was computed after it was registered", "warn"
+    if hook.scope == NODE:
+        return "backward did not run its autograd node after it was registered", "warn"
+    return "backward ran, but the trace does not show why it did not call it", "warn"
+
+
+def _full_backward_reason(facts: _Facts, hook: Hook) -> str:
+    """Backward ran. When gradient reached the inside of the module but not the output it returned,
+    the loss used a tensor from inside the call: say so. Else the trace does not show why."""
+    module = hook.module
+    assert module is not None
+    steps = {c.step for c in facts.calls if c.module == module and c.phase == "forward"}
+    evidence = _gradient_inside(facts, module, steps)
+    if not evidence:
+        return (
+            f"backward ran, but no gradient was computed for the output {_where(module)} returned "
+            f"(the trace does not show why: it may not require grad, or not lead to the loss)"
+        )
+    reason = (
+        f"backward ran and gradient reached {_names(evidence)} inside {_where(module)}, but not the output "
+        f"{_where(module)} returned, which carries its full backward hooks: the loss was computed from a "
+        f"tensor taken inside its call"
+    )
+    keepers = _forward_hooks_that_fired(facts, module)
+    if keepers:
+        reason += (
+            f", such as the output its forward hook {_names(keepers)} received — PyTorch wraps the output for "
+            f"backward hooks only after the forward hooks ran"
+        )
+    return reason
+
+
+def _gradient_inside(facts: _Facts, module: str, steps: set) -> list[str]:
+    """Hooks that prove gradient flowed inside `module` in a step where it was called: backward hooks
+    of submodules called only inside it, and gradient hooks of its parameters."""
+    trace = facts.trace
+    found: list[str] = []
+    outer = [c for c in facts.calls if c.module == module and c.phase == "forward"]
+    for e in trace.events:
+        if e.type != "hook" or e.phase != BACKWARD or e.step not in steps:
+            continue
+        try:
+            other = trace.hook(e.hook) if e.hook is not None else None
+        except KeyError:
+            other = None
+        if other is None:
+            continue
+        if other.scope == MODULE and _inside(e.module, module):
+            inner = [
+                c for c in facts.calls if c.module == e.module and c.phase == "forward" and c.step == e.step
+            ]
+            if inner and all(
+                any(o.enter < c.enter and (o.exit or 1 << 62) > c.enter for o in outer) for c in inner
+            ):
+                found.append(f"{_where(e.module)} ({_label(other)})")
+        elif (
+            other.scope == TENSOR and other.tensor and not other.tensor.startswith(("output of", "input of"))
+        ):
+            if other.module == module or _inside(other.module, module):
+                found.append(f"{other.tensor} ({_label(other)})")
+    return found
+
+
+def _forward_hooks_that_fired(facts: _Facts, module: str) -> list[str]:
+    trace = facts.trace
+    out = []
+    for e in trace.events:
+        if e.type == "hook" and e.kind == "forward" and e.module == module and e.phase == "forward":
+            try:
+                hook = trace.hook(e.hook) if e.hook is not None else None
+            except KeyError:
+                hook = None
+            if hook is not None and hook.scope == MODULE:
+                out.append(_label(hook))
+    return out
