@@ -82,10 +82,17 @@ def firings(trace: Trace) -> list[list[Event]]:
     return out
 
 
+_PASS_THROUGH = ("functools.py:", "contextlib.py:", "typing_extensions.py:", "warnings.py:")
+
+
 def is_library_hook(hook: Hook) -> bool:
     """A hook that a library's code registered: its registration went through code inside torch
-    (`registered_at` there), reached from the user's line or from no user line (`registered_by`)."""
-    return hook.registered_at is not None and hook.registered_at != hook.registered_by
+    (`registered_at` there), reached from the user's line or from no user line (`registered_by`).
+    A pass-through wrapper file (functools, contextlib) as `registered_at` is not a library."""
+    at = hook.registered_at
+    if at is None or at == hook.registered_by:
+        return False
+    return not at.rsplit("/", 1)[-1].startswith(_PASS_THROUGH)
 
 
 def level_of(trace: Trace, hook_ids: Iterable[Optional[int]]) -> str:

@@ -15,6 +15,7 @@ from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .firings import firings, level_of, module_calls, plural
 from .identity import identity
 from .never_fired import never_fired
+from .training import forward_wrapper, step_in_grad_hook
 
 __all__ = ["RULES", "find_surprises", "is_internal_error", "split_levels"]
 
@@ -426,6 +427,8 @@ RULES: dict[str, Callable[[Trace], list[Surprise]]] = {
     "hook-error": hook_error,
     "registered-during-run": registered_during_run,
     "output-hook-before-backward-pre": output_hook_before_backward_pre,
+    "forward-wrapper": forward_wrapper,  # issue 16: beyond SPEC §4's table
+    "step-in-grad-hook": step_in_grad_hook,
 }
 
 
