@@ -82,6 +82,19 @@ def test_decorator_without_wrapped_shows_the_inner_function():
     assert hook.defined_at == line_of(my_forward_hook)
 
 
+def test_a_closure_renamed_on_purpose_keeps_its_name():
+    def make(label, returns):
+        def hook(*args):
+            return returns(*args)
+
+        hook.__qualname__ = f"hook_{label}"
+        return hook
+
+    lin = nn.Linear(3, 3)
+    hooks = traced_hooks(lin, lambda: [lin.register_forward_hook(make("x", my_ablation_hook))])
+    assert set(hooks) == {"hook_x"}
+
+
 def test_closures_that_are_not_wrappers_keep_their_own_name():
     calls: list = []
     log = calls.append  # a builtin: not a wrapped user function

@@ -111,10 +111,13 @@ def _is_wrapped_candidate(value: Any) -> bool:
 
 
 def _wrapped_by_closure(fn: FunctionType) -> Optional[Any]:
-    """The one callable a closure holds in its cells, or None (none, several, or `__wrapped__` set)."""
+    """The one callable a closure holds in its cells, or None (none, several, `__wrapped__` set, or the
+    closure was given a `__qualname__` of its own)."""
     cells = fn.__closure__
     if not cells or "__wrapped__" in fn.__dict__:
         return None
+    if fn.__qualname__ != getattr(fn.__code__, "co_qualname", fn.__qualname__):
+        return None  # renamed on purpose: its own name is the one to show
     found: list[Any] = []
     for cell in cells:
         try:
