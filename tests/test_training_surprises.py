@@ -1,7 +1,14 @@
-"""Issue 16 surprises, on hand-made traces (each: a case where it fires and the nearest where it must not)."""
+"""Issue 16 surprises on hand-made traces and on real runs: where each fires, and the nearest case where not."""
 
 from __future__ import annotations
 
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+
+import hooktrace
 from hooktrace.analysis.surprises import find_surprises
 from hooktrace.analysis.training import forward_wrapper, step_in_grad_hook
 from hooktrace.schema import Event, Hook, Module, Trace
@@ -81,3 +88,62 @@ def test_step_inside_a_parameters_grad_hook():
 
 def test_step_after_backward_is_no_surprise():
     assert step_in_grad_hook(grad_hook_trace(step_inside=False)) == []
+
+
+# -- the same rules on real runs (the capture of forward wrappers and optimizer hooks) ------------
+
+
+def _wrap_forward(module: nn.Module) -> None:
+    """accelerate's `add_hook_to_module`: forward replaced on the instance."""
+    old = module.forward
+
+    def new_forward(mod, *args, **kwargs):
+        return old(*args, **kwargs)
+
+    module.forward = functools.update_wrapper(functools.partial(new_forward, module), old)
+
+
+@pytest.mark.parametrize("with_pre_hook", [True, False])
+def test_forward_wrapper_on_a_real_run(with_pre_hook):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    calls: list[str] = []
+    with hooktrace.trace(model) as t:
+        handles = [model[0].register_forward_hook(lambda *a: calls.append("post"))]
+        if with_pre_hook:
+            handles.append(model[0].register_forward_pre_hook(lambda *a: calls.append("pre")))
+        _wrap_forward(model[0])
+        model(torch.randn(2, 3))
+    for h in handles:
+        h.remove()
+    assert any(e.kind == "forward_wrapper" for e in t.trace.events if e.type == "hook")
+    found = [s for s in t.trace.surprises if s.rule == "forward-wrapper"]
+    if with_pre_hook:
+        [s] = found
+        assert s.level == "warn" and handles[1].id in s.hooks
+    else:
+        assert found == []
+
+
+@pytest.mark.parametrize("kind", ["grad", "post_accumulate_grad"])
+def test_optimizer_step_inside_a_hook_on_a_real_run(kind):
+    """Optimizer in backward: from a grad hook the step sees the old .grad (None); from a
+    post-accumulate-grad hook it sees the new one. Only the first is a surprise."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: list = []
+    with hooktrace.trace(model) as t:
+        pre = opt.register_step_pre_hook(lambda o, a, k: seen.append(model.weight.grad is None))
+        if kind == "grad":
+            h = model.weight.register_hook(lambda g: opt.step())
+        else:
+            h = model.weight.register_post_accumulate_grad_hook(lambda p: opt.step())
+        model(torch.randn(2, 3)).sum().backward()
+    h.remove()
+    pre.remove()
+    assert seen == [kind == "grad"]  # PyTorch itself: inside the grad hook, .grad was not there yet
+    found = [s for s in t.trace.surprises if s.rule == "step-in-grad-hook"]
+    assert len(found) == (1 if kind == "grad" else 0)
+    if found:
+        assert h.id in found[0].hooks and pre.id in found[0].hooks
