@@ -149,46 +149,39 @@ def my_ablation_hook(module, args, output):
 def test_registered_by_is_never_the_cli_framework(tmp_path, monkeypatch):
     """A hook that torch's own code registers during a `hooktrace run` step: registered_at is inside
     torch, registered_by the user's line or null — never typer's/click's file or hooktrace's."""
-    torch_dir = os.path.dirname(torch.__file__)
-    # a forward hook whose code lives in torch's folder, as FSDP's _pre_forward does, registering a
-    # tensor hook on the output during the step
-    library = compile(
-        "def library_forward_hook(module, args, output):\n    output.register_hook(lambda g: None)\n",
-        os.path.join(torch_dir, "fake_library_for_test.py"),
-        "exec",
-    )
-    space: dict = {}
-    exec(library, space)
-    target = tmp_path / "model.py"
+    target = tmp_path / "registered_by_target.py"
     target.write_text(
         textwrap.dedent(
             """
+            import os
+
             import torch
 
-            HOOK = None
+            # a forward hook whose code lives in torch's folder, as FSDP's _pre_forward does,
+            # registering a tensor hook on the output during the step
+            SOURCE = "def library_forward_hook(module, args, output):\\n    output.register_hook(lambda g: None)\\n"
+            LIBRARY = {}
+            exec(compile(SOURCE, os.path.join(os.path.dirname(torch.__file__), "fake_library_for_test.py"), "exec"), LIBRARY)
+
 
             def make():
                 model = torch.nn.Linear(3, 3)
-                model.register_forward_hook(HOOK)
+                model.register_forward_hook(LIBRARY["library_forward_hook"])
                 return model, torch.randn(2, 3)
             """
         )
     )
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import importlib
-
-    module = importlib.import_module("model")
-    module.HOOK = space["library_forward_hook"]
     from hooktrace.cli import main
 
-    assert main(["run", "model:make", "-o", str(tmp_path / "out.json")]) == 0
+    assert main(["run", f"{target.name}:make", "-o", str(tmp_path / "out.json")]) == 0
     trace = hooktrace.load(tmp_path / "out.json")
     [tensor_hook] = [h for h in trace.hooks if h.scope == "tensor"]
     assert tensor_hook.registered_at.startswith("torch/fake_library_for_test.py:")
     assert tensor_hook.registered_by is None
     [forward] = [h for h in trace.hooks if h.kind == "forward"]
-    assert forward.registered_by == forward.registered_at and forward.registered_at.startswith("model.py:")
+    assert forward.registered_by == forward.registered_at
+    assert forward.registered_at.startswith("registered_by_target.py:")
 
 
 def test_frame_classes():
