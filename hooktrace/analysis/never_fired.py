@@ -92,9 +92,11 @@ class _Facts:
 
 def never_fired(trace: Trace) -> list[Surprise]:
     facts = _Facts.of(trace)
+    # hooks of a module that ran compiled (torch.compile) ran inside the graph: not one by one, but ran
+    in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
     groups: dict[tuple[str, str], list[Hook]] = defaultdict(list)
     for hook in trace.hooks:
-        if hook.id in facts.fired:
+        if hook.id in facts.fired or hook.id in in_graph:
             continue
         found = _reason(facts, hook)
         if found is None:

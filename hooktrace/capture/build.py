@@ -51,7 +51,9 @@ def build_trace(pending: Pending) -> Trace:
     hooks = [to_hook(r) for r in pending.records]
     events = build_events(pending, {h.id: h for h in hooks})
     trace = Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)
-    trace.surprises = find_surprises(trace) + compiled_calls(trace, pending)
+    compiled = compiled_calls(trace, pending)
+    trace.surprises = compiled  # the rules read it: hooks that ran inside a compiled graph did run
+    trace.surprises = find_surprises(trace) + compiled
     return trace
 
 
