@@ -54,6 +54,7 @@ def test_forward_wrapper_runs_between_pre_hooks_and_forward_hooks():
     assert "forward" in m[0].__dict__ and m[0].forward is wrapped
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")  # torch's own deprecation notice
 def test_forward_wrapper_traced_vs_untraced_and_jit_trace():
     def run(traced: bool) -> tuple:
         m = model()
