@@ -66,7 +66,8 @@ class HookBook:
         self._ids: dict[tuple[int, int], int] = {}  # (id(dict), handle id) -> trace id
         self._first_dict: dict[int, int] = {}  # handle id -> id of the first dict holding it
         self._copies = itertools.count(1)
-        self._views: dict[int, dict[int, tuple[Any, Any]]] = {}  # id(dict) -> {handle id: (hook, shim)}
+        self._views: dict[int, dict[int, tuple[Any, Any]]] = {}
+        self._last_views: dict[int, tuple[tuple, dict]] = {}  # id(dict) -> ((keys, ids of hooks), view)
         self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner, kind)
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
         self._synthetic = itertools.count(SYNTHETIC_BASE)
@@ -144,9 +145,18 @@ class HookBook:
 
     # -- module and global hooks: views -------------------------------------------------
     def view(self, d: dict, owner: Any, attr: str) -> dict:
-        """What PyTorch's copied code iterates instead of `d`: the same keys, each hook's shim."""
+        """What PyTorch's copied code iterates instead of `d`: the same keys, each hook's shim.
+
+        The last view of each dict is kept with the keys and the ids of the hooks it was made from
+        (the cache holds those hooks, so their ids cannot be reused): an unchanged dict costs two
+        C-level tuple builds and a comparison, whatever objects it holds.
+        """
         if not d:
             return d
+        state = (tuple(d), tuple(map(id, d.values())))
+        last = self._last_views.get(id(d))
+        if last is not None and last[0] == state:
+            return last[1]
         cache = self._views.get(id(d))
         if cache is None:
             cache = self._views[id(d)] = {}
@@ -162,6 +172,7 @@ class HookBook:
             out[hid] = entry[1]
         if fresh:
             self.infer_prepends(d)
+        self._last_views[id(d)] = (state, out)
         return out
 
     # -- tensor and autograd-node hooks: shims in place ---------------------------------
@@ -235,6 +246,7 @@ class HookBook:
         self._ids.clear()
         self._first_dict.clear()
         self._views.clear()
+        self._last_views.clear()
         self.seen_dicts.clear()
         self.tensor_shims.clear()
         self._wrappers.clear()

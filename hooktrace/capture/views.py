@@ -74,9 +74,10 @@ def hooktrace_view(d: Any, owner: Any, attr: str) -> Any:
 def _substitute(view: str) -> Callable[[re.Match], str]:
     def substitute(match: re.Match) -> str:
         owner, attr, glob, method = match.group("owner", "attr", "glob", "method")
+        # an empty dict is read as it is, without a call (most modules and global dicts are empty)
         if glob is not None:
-            return f'{view}({glob}, None, "{glob}").{method}()'
-        return f'{view}({owner}.{attr}, {owner}, "{attr}").{method}()'
+            return f'({view}({glob}, None, "{glob}") if {glob} else {glob}).{method}()'
+        return f'({view}({owner}.{attr}, {owner}, "{attr}") if {owner}.{attr} else {owner}.{attr}).{method}()'
 
     return substitute
 
