@@ -94,7 +94,10 @@ TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceba
 
 
 def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A diagnostic line; text from names, paths and files in it shows control characters escaped."""
+    from .render.safe import safe_text
+
+    print("\n".join(safe_text(line) for line in message.split("\n")), file=sys.stderr, flush=True)
 
 
 def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:

@@ -107,3 +107,32 @@ def test_duplicate_seqs_give_unique_dot_ids() -> None:
     assert len(ids) == len(set(ids))
     if HAS_DOT:
         ET.fromstring(svg(trace))
+
+
+def test_hooks_listing_and_error_lines_escape_control_sequences(tmp_path) -> None:
+    """`hooktrace hooks` and every `error:` line show names and paths with escapes visible."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target = tmp_path / "evil.py"
+    target.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.add_module('a\\x1b]52;c;SGVsbG8=\\x07b', torch.nn.Linear(2, 2))\n"
+        "        list(self.children())[0].register_forward_hook(lambda m, a, o: None)\n"
+        "def make():\n"
+        "    return M()\n"
+    )
+    script = str(Path(sys.executable).parent / "hooktrace")
+    listing = subprocess.run([script, "hooks", str(target)], capture_output=True, text=True)
+    missing = subprocess.run(
+        [script, "run", str(tmp_path / "no\x1b[2Jhere.py")], capture_output=True, text=True
+    )
+    assert listing.returncode == 0 and missing.returncode == 2
+    for out in (listing.stdout, listing.stderr, missing.stdout, missing.stderr):
+        assert "\x1b" not in out and "\x07" not in out
+    assert "a\\x1b]52;c;SGVsbG8=\\x07b" in listing.stdout
+    assert "no\\x1b[2Jhere.py" in missing.stderr

@@ -7,6 +7,7 @@ from typing import Any
 from ..analysis.inventory import ModuleHooks
 from ..kinds import GLOBAL
 from ..schema import ROOT, Hook, Trace
+from .safe import safe_text as _s  # names from user code and files: no control sequence reaches a terminal
 
 
 def flags(hook: Hook) -> str:
@@ -29,28 +30,28 @@ def inventory_text(trace: Trace, groups: list[ModuleHooks], live: set[int]) -> A
 
     types = {m.path: m.type for m in trace.modules}
     text = Text()
-    text.append(f"Hooks of {trace.meta.target}, in the order PyTorch will fire them (nothing was run)\n")
+    text.append(f"Hooks of {_s(trace.meta.target)}, in the order PyTorch will fire them (nothing was run)\n")
     if not groups:
         text.append("\nno hooks registered\n")
         return text
     for group in groups:
-        text.append(f"\n{ROOT if group.module == '' else group.module}", style="bold")
-        text.append(f"  {types.get(group.module, '')}\n", style="dim")
+        text.append(f"\n{ROOT if group.module == '' else _s(group.module)}", style="bold")
+        text.append(f"  {_s(types.get(group.module, ''))}\n", style="dim")
         for row in group.rows:
-            where = f" on {row.tensor}" if row.tensor else ""
+            where = f" on {_s(row.tensor)}" if row.tensor else ""
             text.append(f"  {row.kind}{where}\n", style="cyan")
             for n, hook in enumerate(row.hooks, 1):
-                text.append(f"    {n}. {hook.name}")
+                text.append(f"    {n}. {_s(hook.name)}")
                 shown = flags(hook)
                 if shown:
                     text.append(f"  {shown}", style="yellow")
-                text.append(f"\n         defined    {hook.defined_at or '?'}\n", style="dim")
-                text.append(f"         registered {hook.registered_at or 'before capture'}", style="dim")
+                text.append(f"\n         defined    {_s(hook.defined_at or '?')}\n", style="dim")
+                text.append(f"         registered {_s(hook.registered_at or 'before capture')}", style="dim")
                 if hook.registered_by and hook.registered_by != hook.registered_at:
-                    text.append(f"  by {hook.registered_by}", style="dim")
+                    text.append(f"  by {_s(hook.registered_by)}", style="dim")
                 text.append("\n")
         if group.same:
-            span = group.same[0] if len(group.same) == 1 else f"{group.same[0]} … {group.same[-1]}"
+            span = _s(group.same[0] if len(group.same) == 1 else f"{group.same[0]} … {group.same[-1]}")
             text.append(
                 f"  ×{len(group.same)} more with the same hooks ({span}; --expand shows them)\n", "dim"
             )
