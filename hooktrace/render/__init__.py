@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from .errors import RenderError
 from .safe import safe_text
 
 if TYPE_CHECKING:
@@ -28,10 +29,6 @@ __all__ = [
 ]
 
 TREE_OPTIONS = ("width", "color", "depth", "module", "phase", "expand", "times", "all_surprises")
-
-
-class RenderError(Exception):
-    """A problem the user can fix (unknown format, missing Graphviz, bad option): shown as one line."""
 
 
 @dataclass(frozen=True)

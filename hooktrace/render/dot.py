@@ -21,7 +21,6 @@ import graphviz
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..schema import Event, Trace, is_internal_error
-from . import RenderError
 from .badges import (
     badges,
     hook_name,
@@ -31,6 +30,7 @@ from .badges import (
     split_surprises,
     title_target,
 )
+from .errors import RenderError
 from .safe import safe_text
 
 INSTALL_HINT = (

@@ -47,8 +47,8 @@ def svg_html(trace: Trace) -> Optional[str]:
     """The SVG graph, or None when Graphviz's `dot` is not installed (or fails)."""
     if shutil.which("dot") is None:
         return None
-    from . import RenderError
     from .dot import svg
+    from .errors import RenderError
 
     try:
         text = svg(trace)

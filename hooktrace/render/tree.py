@@ -25,7 +25,6 @@ from rich.tree import Tree
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..schema import PHASES, ROOT, Event, Trace, gc_paused, is_internal_error
-from . import RenderError
 from .badges import (
     PHASE_TITLES,
     WARM_UP,
@@ -39,6 +38,7 @@ from .badges import (
     short_error,
     split_surprises,
 )
+from .errors import RenderError
 from .safe import safe_text
 
 KIND_STYLES = {
