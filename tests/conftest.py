@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -32,3 +34,20 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
         )
 
     return check
+
+
+@pytest.fixture
+def gloo_one_rank() -> Iterator[None]:
+    """A real one-rank gloo process group on this machine's loopback (FSDP2, DDP on CPU)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

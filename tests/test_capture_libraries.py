@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import warnings
 
-import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 import hooktrace
 from tests.oracle import Zoo, assert_no_shims, snapshot_dicts
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def gloo_one_rank():
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(_free_port())
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class Block(nn.Module):

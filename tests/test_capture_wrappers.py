@@ -6,12 +6,10 @@ Every hook logs its own label as it runs; hooktrace's order must equal that log.
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import hooktrace
@@ -97,23 +95,6 @@ def test_accelerate_add_hook_to_module_if_installed():
 
 
 # -- DDP communication hooks ---------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def gloo_one_rank():
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(_free_port())
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_ddp_comm_hook_order_against_backward_hooks(gloo_one_rank):
