@@ -20,6 +20,8 @@ ROWS = {
     "hook_heavy_session",
     "transformer_step",
     "transformer_session",
+    "save_on_cpu_step",
+    "save_on_cpu_session",
     "shim_overhead",
     "memory_per_event",
     "save_load",
