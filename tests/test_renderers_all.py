@@ -1,5 +1,5 @@
 """Every registered renderer over a set of traces: hand-built ones (here, also used by the DOT,
-Chrome and diff tests) and, when the capture engine is there, real traces of tiny models.
+Chrome and diff tests) and real traces of tiny models.
 
 Each rendering must be deterministic, survive save/load unchanged and name every hook it draws.
 """
@@ -260,10 +260,7 @@ SAMPLES: dict[str, Callable[[], Trace]] = {
 @functools.cache
 def _tiny_real_traces() -> dict[str, Trace]:
     """Real traces of tiny models: prepend and global hooks, a checkpointed block, two steps."""
-    torch = pytest.importorskip("torch")
-    capture = pytest.importorskip("hooktrace.capture")
-    if not hasattr(capture, "TraceSession"):
-        pytest.skip("the capture engine is not there yet")
+    import torch  # a dependency: the capture is always there
     from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.utils.checkpoint import checkpoint
 
