@@ -97,14 +97,6 @@ def module_dicts(module: Any) -> Iterator[HookDict]:
             yield HookDict(d, kind_of(attr, module), module, "module")
 
 
-def optimizer_dicts(optimizer: Any) -> Iterator[HookDict]:
-    od = optimizer.__dict__
-    for attr, kind in OPTIMIZER_DICTS:
-        d = od.get(attr)
-        if d is not None:
-            yield HookDict(d, kind, optimizer, "optimizer")
-
-
 def tensor_dicts(tensor: Any) -> Iterator[HookDict]:
     for attr, kind in TENSOR_DICTS:
         d = getattr(tensor, attr, None)

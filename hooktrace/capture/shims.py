@@ -1,10 +1,13 @@
 """The tracing shim and the module-call wrapper: the hot path.
 
-A shim stands in a hook dict in place of the user's hook while tracing. It records one compact
-tuple per call and returns exactly what the hook returned; exceptions pass through untouched.
+A shim is what PyTorch calls in place of the user's hook while tracing: from the views of module,
+global and optimizer hook dicts (capture/views.py), or from a tensor's or autograd node's own dict,
+where it stands in place. It records one compact tuple per call and returns exactly what the hook
+returned; exceptions pass through untouched.
 Records are converted to `trace.Event`s only at finalisation:
     hook call:   (seq, hook_id, thread, start_ns, end_ns, outcome, id_of_module_or_None)
-                 outcome: True/False (returned a value or not), or the error text if it raised
+                 outcome: True/False (returned something other than what it was given, see SAME),
+                 or the error text if it raised
     module call: (enter_seq, exit_seq, phase, id_of_module, thread, start_ns, end_ns, error_or_None)
                  one record for the `enter` and the `exit` event
 Records hold only ints, strings, bools and None, so the garbage collector untracks them the first
