@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import operator
 import os
 import secrets
 import stat
 import zlib
-from typing import IO, Any, Callable, Iterable, Sequence, Union
+from itertools import repeat
+from typing import IO, Any, Callable, Iterable, Optional, Sequence, Union
 
 import orjson
 
@@ -47,14 +49,60 @@ def short(value: Any) -> str:
 
 
 # -- JSON --------------------------------------------------------------------------------------------------
-def dumps(data: Any) -> bytes:
-    """Compact JSON bytes (orjson)."""
-    return orjson.dumps(data)
+def dumps(data: Any, newline: bool = False) -> bytes:
+    """Compact JSON bytes (orjson), with a newline at the end if asked (no copy of the bytes)."""
+    return orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE if newline else None)
 
 
 def loads(raw: Union[bytes, bytearray, memoryview, str]) -> Any:
     """JSON from bytes; a repeated key keeps its last value, whatever the document's size."""
     return orjson.loads(raw)
+
+
+_INT_BYTES = b"0123456789-,"
+_INT_NULL_BYTES = _INT_BYTES + b"nul"
+
+
+def all_ints(values: list[Any], nullable: bool = False) -> bool:
+    """True when every value is an int (never a bool), or None when `nullable`, checked at C speed;
+    only for lists that `loads` made (JSON's types alone, no NaN): orjson writes such a list back
+    with digits, '-', ',' and 'null' alone, and any other value with some other character ('true',
+    '1.0', '1e+20', '"1"', '[', '{'). False means "look closer" (an int past 64 bits, say)."""
+    try:
+        text = orjson.dumps(values)
+    except orjson.JSONEncodeError:
+        return False
+    return text.translate(None, _INT_NULL_BYTES if nullable else _INT_BYTES) == b"[]"
+
+
+def all_bools(values: list[Any]) -> bool:
+    """True when every value is true or false, checked like `all_ints` (only 'true', 'false', ',')."""
+    try:
+        text = orjson.dumps(values)
+    except orjson.JSONEncodeError:
+        return False
+    return text.translate(None, b"truefals,") == b"[]"
+
+
+def has_types(values: list[Any], wanted: set[type], parsed: bool) -> bool:
+    """Every value's type is in `wanted`: a whole column at C speed where it can be (`all_ints` and
+    `all_bools` only when `parsed`, i.e. the list is what `loads` made)."""
+    if wanted == {str, type(None)} and values.count(None) == len(values):
+        return True
+    if parsed and wanted <= {int, type(None)} and all_ints(values, nullable=type(None) in wanted):
+        return True
+    if parsed and wanted == {bool} and all_bools(values):
+        return True
+    return set(map(type, values)) <= wanted
+
+
+def selector(column: list[Any], value: int) -> Sequence[Any]:
+    """Truthy where `column` (ints) holds `value`, for `itertools.compress`: bytes made at C speed
+    when every int fits in one."""
+    try:
+        return bytes(column).translate(bytes(i == value for i in range(256)))
+    except (ValueError, TypeError):  # an int past 255 or below 0
+        return list(map(operator.eq, column, repeat(value)))
 
 
 def read_json(path: PathLike) -> Any:
@@ -94,7 +142,7 @@ def inflate(raw: bytes, name: str = "input") -> bytearray:
 
 def write_json(path: PathLike, data: Any) -> None:
     """`data` as compact JSON and a newline, atomically; gzip-compressed when the name ends in .gz."""
-    raw = dumps(data) + b"\n"
+    raw = dumps(data, newline=True)
     if not os.fspath(path).endswith(".gz"):
         write_atomic(path, raw)
         return
@@ -108,14 +156,15 @@ def write_json(path: PathLike, data: Any) -> None:
 
 # -- version 2 columns -----------------------------------------------------------------------------------
 def to_columns(
-    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]
+    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str], lists: bool = True
 ) -> dict[str, Any]:
     """`{"count", "columns", "tables"}` of rows of len(fields) values: the fields in `indexed` hold
-    indices into a table of their distinct values (first seen first; null stays null)."""
+    indices into a table of their distinct values (sorted; null stays null). `lists=False` leaves
+    the indexed columns as tuples (for `dumps` alone: it writes them the same, with no copy)."""
     if rows and set(map(len, rows)) != {len(fields)}:
         bad = next(i for i, r in enumerate(rows) if len(r) != len(fields))
         raise TraceFormatError(f"events[{bad}] has {len(rows[bad])} values, expected {len(fields)}")
-    columns: dict[str, list[Any]] = {f: [] for f in fields}
+    columns: dict[str, Any] = {f: [] for f in fields}
     parts = list(columns.values())
     for start in range(0, len(rows), _TRANSPOSE_ROWS):  # slices: the transposition stays in the CPU caches
         for column, part in zip(parts, zip(*rows[start : start + _TRANSPOSE_ROWS])):
@@ -123,24 +172,33 @@ def to_columns(
     tables: dict[str, list[Any]] = {}
     for name in indexed:
         values = columns[name]
-        table = [v for v in dict.fromkeys(values) if v is not None]
+        tables[name] = table = _table(values)
         index: dict[Any, Any] = {v: i for i, v in enumerate(table)}
         index[None] = None
-        columns[name] = list(map(index.__getitem__, values))
-        tables[name] = table
+        if len(values) > 1:  # itemgetter looks every value up in one C call: half of map(index.__getitem__)
+            found = operator.itemgetter(*values)(index)
+            columns[name] = list(found) if lists else found
+        else:
+            columns[name] = [index[v] for v in values]
     return {"count": len(rows), "columns": columns, "tables": tables}
 
 
+def _table(values: list[Any]) -> list[Any]:
+    """The distinct values but null, sorted (values that do not sort: first seen first)."""
+    distinct = set(values)
+    distinct.discard(None)
+    try:
+        return sorted(distinct)
+    except TypeError:
+        return [v for v in dict.fromkeys(values) if v is not None]
+
+
 def from_columns(
-    data: Any,
-    fields: Sequence[str],
-    required_tables: Sequence[str],
-    optional_tables: Sequence[str] = (),
-    nullable: Iterable[str] = (),
-) -> list[list[Any]]:
-    """The columns of a `to_columns` document, in `fields` order, indices replaced by table values.
-    Checks the layout (every column a list of `count` values; indices ints in range, or null in the
-    `nullable` columns); the values themselves are the caller's to check."""
+    data: Any, fields: Sequence[str], required_tables: Sequence[str], optional_tables: Sequence[str] = ()
+) -> tuple[list[list[Any]], dict[str, Any]]:
+    """The columns of a `to_columns` document in `fields` order, and its tables, after checking the
+    layout: every column a list of `count` values, the tables named. The values, and the indices
+    in the columns that have a table, are the caller's to check (`lookup` decodes them)."""
     if not isinstance(data, dict) or set(data) != {"count", "columns", "tables"}:
         raise TraceFormatError('"events" must be an object with the keys "count", "columns" and "tables"')
     count, columns, tables = data["count"], data["columns"], data["tables"]
@@ -156,32 +214,35 @@ def from_columns(
         *optional_tables,
     }:
         raise TraceFormatError(f'"events"."tables" must have the tables {", ".join(required_tables)}')
+    for name, table in tables.items():
+        if not isinstance(table, list):
+            raise TraceFormatError(f'events table "{name}" must be a list')
     out = []
     for name in fields:
         column = columns[name]
         if not isinstance(column, list) or len(column) != count:
             raise TraceFormatError(f'events column "{name}" must be a list of {count} values')
-        if name in tables:
-            column = _decode(name, column, tables[name], name in nullable)
         out.append(column)
+    return out, tables
+
+
+def lookup(table: list[Any]) -> dict[Any, Any]:
+    """Index -> value of a version 2 table, and null -> null: `map(lookup(t).__getitem__, column)`
+    decodes a column of checked indices (ints, never bools), with a KeyError for one outside it."""
+    out: dict[Any, Any] = dict(enumerate(table))
+    out[None] = None
     return out
 
 
-def _decode(name: str, column: list[Any], table: Any, nullable: bool) -> list[Any]:
-    if not isinstance(table, list):
-        raise TraceFormatError(f'events table "{name}" must be a list')
-    allowed = {int, type(None)} if nullable else {int}
-    if not set(map(type, column)) <= allowed:
-        bad = next(v for v in column if type(v) not in allowed)
-        raise TraceFormatError(f'events column "{name}" holds {short(bad)}; expected indices into its table')
-    lookup: dict[Any, Any] = dict(enumerate(table))
-    lookup[None] = None
-    try:
-        return list(map(lookup.__getitem__, column))
-    except KeyError as exc:
-        raise TraceFormatError(
-            f'events column "{name}" holds index {short(exc.args[0])}, outside its table of {len(table)}'
-        ) from None
+def index_error(name: str, column: list[Any], table: list[Any]) -> Optional[TraceFormatError]:
+    """The error for the first index in `column` outside `table`, or None if there is none."""
+    known = lookup(table)
+    bad = next((v for v in column if v not in known), known)
+    if bad is known:
+        return None
+    return TraceFormatError(
+        f'events column "{name}" holds index {short(bad)}, outside its table of {len(table)}'
+    )
 
 
 def write_atomic(path: Union[str, os.PathLike[str]], data: Union[bytes, str, Writer]) -> None:

@@ -16,10 +16,22 @@ import gc
 import operator
 import os
 from dataclasses import dataclass, field, fields
-from itertools import compress, repeat
-from typing import IO, Any, Callable, Iterable, Iterator, NamedTuple, Optional
+from itertools import compress, islice, repeat
+from typing import IO, Any, Callable, Container, Iterable, Iterator, NamedTuple, Optional
 
-from .io import TraceFormatError, dumps, from_columns, read_json, short, to_columns, write_json
+from .io import (
+    TraceFormatError,
+    dumps,
+    from_columns,
+    has_types,
+    index_error,
+    lookup,
+    read_json,
+    selector,
+    short,
+    to_columns,
+    write_json,
+)
 from .kinds import (  # noqa: F401  (re-exported: the groups analysis and capture import from here)
     EVENT_TYPES,
     FORWARD_KINDS,
@@ -208,13 +220,14 @@ _COLUMN_TYPES = {  # the Python types each event column may hold
     "error": {str, _OR_NULL},
 }
 _COLUMN_VALUES = {"type": set(EVENT_TYPES), "phase": set(PHASES), "kind": {*KINDS, None}}
+_NULLABLE_INDICES = ("module", "kind")  # version 2 indexed columns where null stays null
 _event_fields = operator.itemgetter(*EVENT_FIELDS)
 
 
-def _check_values(name: str, values: list[Any]) -> None:
+def _check_values(name: str, values: list[Any], parsed: bool = False) -> None:
     """Every value of one event column (or version 2 table) has its field's type and allowed value."""
     wanted = _COLUMN_TYPES[name]
-    if not set(map(type, values)) <= wanted:
+    if not has_types(values, wanted, parsed):
         bad = next(v for v in values if type(v) not in wanted)
         raise TraceFormatError(f'event field "{name}" holds {short(bad)}; expected {_type_words(wanted)}')
     allowed = _COLUMN_VALUES.get(name)
@@ -230,10 +243,10 @@ def _type_words(types: set[type]) -> str:
     return " or ".join(words[t] for t in (int, str, bool, _OR_NULL) if t in types)
 
 
-def _v1_columns(items: list[Any]) -> list[list[Any]]:
-    """Columns of version 1 events (one object of exactly the twelve fields each)."""
+def _v1_events(items: list[Any], hook_ids: set[int], parsed: bool) -> tuple[list[Event], Container[int]]:
+    """Events of version 1 (one object of exactly the twelve fields each), checked; and their seqs."""
     if not items:
-        return [[] for _ in EVENT_FIELDS]
+        return [], ()
     if set(map(type, items)) == {dict} and set(map(len, items)) == {len(EVENT_FIELDS)}:
         try:
             columns = [list(c) for c in zip(*map(_event_fields, items))]
@@ -241,8 +254,10 @@ def _v1_columns(items: list[Any]) -> list[list[Any]]:
             pass
         else:
             for name, column in zip(EVENT_FIELDS, columns):
-                _check_values(name, column)
-            return columns
+                _check_values(name, column, parsed)
+            by_name = dict(zip(EVENT_FIELDS, columns))
+            _check_hook_events(list(map(operator.eq, by_name["type"], repeat("hook"))), by_name)
+            return _events(columns, by_name, hook_ids)
     for i, e in enumerate(items):  # explain the first bad one
         if not isinstance(e, dict):
             raise TraceFormatError(f"events[{i}] must be an object, got {short(e)}")
@@ -259,38 +274,65 @@ def _v1_columns(items: list[Any]) -> list[list[Any]]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _v2_columns(data: Any) -> list[list[Any]]:
-    """Columns of version 2 events, table indices resolved; the tables' values checked."""
-    columns = from_columns(
-        data,
-        EVENT_FIELDS,
-        required_tables=INDEXED[:4],
-        optional_tables=INDEXED[4:],
-        nullable=("module", "kind"),
+def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event], Container[int]]:
+    """Events of version 2, checked: the tables' values, the columns' types, every index inside its
+    table (decoded as the events are built, no decoded column is kept); and their seqs."""
+    columns, tables = from_columns(
+        data, EVENT_FIELDS, required_tables=INDEXED[:4], optional_tables=INDEXED[4:]
     )
-    for name, table in data["tables"].items():
+    for name, table in tables.items():
         _check_values(name, table)
         if len(set(table)) != len(table):
             raise TraceFormatError(f'events table "{name}" repeats a value')
-    for name, column in zip(EVENT_FIELDS, columns):
-        if name not in data["tables"]:
-            _check_values(name, column)
-    return columns
+    by_name = dict(zip(EVENT_FIELDS, columns))
+    for name, column in by_name.items():
+        if name not in tables:
+            _check_values(name, column, parsed)
+        elif not has_types(column, {int, _OR_NULL} if name in _NULLABLE_INDICES else _INT, parsed):
+            bad = next(
+                v for v in column if type(v) is not int and (v is not None or name not in _NULLABLE_INDICES)
+            )
+            raise TraceFormatError(
+                f'events column "{name}" holds {short(bad)}; expected indices into its table'
+            )
+    if "hook" in tables["type"]:
+        _check_hook_events(selector(by_name["type"], tables["type"].index("hook")), by_name)
+    decoded = [map(lookup(tables[n]).__getitem__, c) if n in tables else c for n, c in by_name.items()]
+    try:
+        return _events(decoded, by_name, hook_ids)
+    except KeyError:
+        for name, table in tables.items():
+            error = index_error(name, by_name[name], table)
+            if error is not None:
+                raise error from None
+        raise
 
 
-def _checked_events(columns: list[list[Any]], hook_ids: set[int]) -> list[Event]:
-    """Events from checked columns, after the checks that relate events to each other and to hooks."""
-    seq, type_, hook, kind = (columns[EVENT_FIELDS.index(f)] for f in ("seq", "type", "hook", "kind"))
-    if len(set(seq)) != len(seq):
-        dup = next(v for v, n in collections.Counter(seq).items() if n > 1)
-        raise TraceFormatError(f"events: seq {short(dup)} appears more than once")
-    is_hook = list(map(operator.eq, type_, repeat("hook")))
-    if None in compress(hook, is_hook) or None in compress(kind, is_hook):
+def _check_hook_events(is_hook: Iterable[Any], by_name: dict[str, list[Any]]) -> None:
+    """Every event that `is_hook` (truthy where the type is "hook") picks has a hook id and a kind."""
+    if None in compress(by_name["hook"], is_hook) or None in compress(by_name["kind"], is_hook):
         raise TraceFormatError('events: a "hook" event without a hook id or kind')
-    unknown = set(hook) - hook_ids - {None}
+
+
+def _events(
+    values: list[Iterable[Any]], by_name: dict[str, list[Any]], hook_ids: set[int]
+) -> tuple[list[Event], Container[int]]:
+    """Events from the values of checked columns, after the checks that relate events to each other
+    and to hooks; and the events' seqs (a range when they are 0, 1, 2, ...)."""
+    seq = by_name["seq"]
+    seqs: Container[int]
+    if all(map(operator.lt, seq, islice(seq, 1, None))):  # increasing: no repeats, no set needed
+        seqs = range(len(seq)) if not seq or (seq[0] == 0 and seq[-1] == len(seq) - 1) else set(seq)
+    else:
+        seqs = set(seq)
+        if len(seqs) != len(seq):
+            dup = next(v for v, n in collections.Counter(seq).items() if n > 1)
+            raise TraceFormatError(f"events: seq {short(dup)} appears more than once")
+    unknown = set(by_name["hook"]) - hook_ids - {None}
     if unknown:
         raise TraceFormatError(f'events refer to hook id {short(min(unknown))}, which is not in "hooks"')
-    return list(map(tuple.__new__, repeat(Event), zip(*columns)))  # Event._make is Python code: slower
+    # tuple.__new__ in C: Event._make is Python code, twice as slow
+    return list(map(tuple.__new__, repeat(Event), zip(*values))), seqs
 
 
 class Trace:
@@ -328,6 +370,10 @@ class Trace:
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The version 2 document of SPEC §4 (events as columns)."""
+        return self._document(lists=True)
+
+    def _document(self, lists: bool) -> dict[str, Any]:
+        """`to_dict()`; `lists=False` leaves some columns as tuples, which `dumps` writes the same."""
         with gc_paused():
             return {
                 "format": FORMAT,
@@ -335,7 +381,7 @@ class Trace:
                 "meta": _record(self.meta),
                 "modules": [_record(m) for m in self.modules],
                 "hooks": [_record(h) for h in self.hooks],
-                "events": to_columns(self.events, EVENT_FIELDS, INDEXED),
+                "events": to_columns(self.events, EVENT_FIELDS, INDEXED, lists=lists),
                 "surprises": [
                     {
                         "rule": s.rule,
@@ -359,7 +405,7 @@ class Trace:
         folder, then renamed: a failed save leaves an earlier file at `path` as it was). A path
         ending in ``.gz`` gets the same JSON gzip-compressed (`load` reads either)."""
         with gc_paused():
-            write_json(path, self.to_dict())
+            write_json(path, self._document(lists=False))
 
     def write_json(self, fh: IO[bytes]) -> None:
         """Write the bytes of `save` to a binary file object (`sys.stdout.buffer`, a socket file...)."""
@@ -368,7 +414,7 @@ class Trace:
     def to_json(self) -> bytes:
         """The bytes `save` writes: the version 2 JSON document and a newline."""
         with gc_paused():
-            return dumps(self.to_dict()) + b"\n"
+            return dumps(self._document(lists=False), newline=True)
 
     def __repr__(self) -> str:
         return (
@@ -377,7 +423,9 @@ class Trace:
         )
 
 
-def _from_dict(data: Any) -> Trace:
+def _from_dict(data: Any, parsed: bool = False) -> Trace:
+    """`parsed`: `data` is what `io.loads` returned (JSON's types alone), so columns can be checked
+    at C speed."""
     if (
         isinstance(data, dict)
         and "traceEvents" in data
@@ -409,12 +457,11 @@ def _from_dict(data: Any) -> Trace:
     if len(hook_ids) != len(hooks):
         dup = next(i for i, n in collections.Counter(h.id for h in hooks).items() if n > 1)
         raise TraceFormatError(f"hooks: id {dup} appears more than once")
-    columns = _v1_columns(data["events"]) if version == 1 else _v2_columns(data["events"])
-    events = _checked_events(columns, hook_ids)
+    read_events = _v1_events if version == 1 else _v2_events
+    events, seqs = read_events(data["events"], hook_ids, parsed)
     surprises = [_build(Surprise, s, f"surprises[{i}]") for i, s in enumerate(data["surprises"])]
-    seqs = set(columns[0])
     for i, s in enumerate(surprises):
-        if not set(s.hooks) <= hook_ids or not set(s.events) <= seqs:
+        if not set(s.hooks) <= hook_ids or not all(map(seqs.__contains__, s.events)):
             raise TraceFormatError(
                 f"surprises[{i}] refers to a hook id or event seq that the trace does not have"
             )
@@ -444,4 +491,4 @@ def load(path: str | os.PathLike[str]) -> Trace:
     """Read a trace file of version 1 or 2 (plain or gzip-compressed JSON, whatever the file's name);
     TraceFormatError, with one line saying what is wrong, for anything else."""
     with gc_paused():
-        return _from_dict(read_json(path))
+        return _from_dict(read_json(path), parsed=True)

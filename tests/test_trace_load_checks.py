@@ -1,0 +1,162 @@
+"""Loading checks whole columns at C speed (issue 17): the fast checks must say exactly what the
+per-value checks say, on every kind of JSON value, in large files as in small ones."""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import orjson
+import pytest
+
+from hooktrace.io import all_bools, all_ints, has_types, selector, to_columns
+from hooktrace.schema import Trace, TraceFormatError, load
+from tests.trace_samples import realistic, sample, v1_dict, write
+
+# JSON texts of single values, each parsed by orjson as `load` parses files.
+_JSON_VALUES = [
+    "0",
+    "-0",
+    "7",
+    "-12",
+    "140245819283264",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "18446744073709551615",
+    "18446744073709551616",  # past 64 bits: orjson reads a float
+    "1.0",
+    "-0.0",
+    "1e5",
+    "1E-3",
+    "true",
+    "false",
+    "null",
+    '"1"',
+    '""',
+    '"null"',
+    "[]",
+    "[1]",
+    "{}",
+    '{"a":1}',
+]
+
+
+def _exact(values, wanted):
+    return all(type(v) in wanted for v in values)
+
+
+@pytest.mark.parametrize("text", _JSON_VALUES)
+@pytest.mark.parametrize("where", [0, 1, 2999])
+def test_fast_column_checks_agree_with_per_value_checks(text, where):
+    for filler in ("5", "null", "true"):
+        column = orjson.loads(f"[{','.join([filler] * 3000)}]")
+        column[where] = orjson.loads(text)
+        assert all_ints(column) == _exact(column, {int}), (text, filler)
+        assert all_ints(column, nullable=True) == _exact(column, {int, type(None)}), (text, filler)
+        assert all_bools(column) == _exact(column, {bool}), (text, filler)
+        for wanted in ({int}, {int, type(None)}, {bool}, {str, type(None)}):
+            assert has_types(column, wanted, parsed=True) == _exact(column, wanted), (text, wanted)
+
+
+def test_python_values_that_json_never_holds_take_the_per_value_check():
+    """`from_dict` gets Python values (NaN, int subclasses): no shortcut is taken for them."""
+
+    class Small(enum.IntEnum):
+        ONE = 1
+
+    for odd in (math.nan, math.inf, Small.ONE):
+        column = [1, 2, odd]
+        assert not has_types(column, {int}, parsed=False)
+        assert not has_types(column, {int, type(None)}, parsed=False)
+    data = sample().to_dict()
+    data["events"]["columns"]["hook"][0] = math.nan
+    with pytest.raises(TraceFormatError, match="hook"):
+        Trace.from_dict(data)
+    data = sample().to_dict()
+    data["events"]["columns"]["start_ns"][2] = Small.ONE
+    with pytest.raises(TraceFormatError, match="start_ns"):
+        Trace.from_dict(data)
+
+
+def test_selector_marks_where_a_column_holds_a_value():
+    assert bytes(selector([0, 2, 1, 2], 2)) == b"\x00\x01\x00\x01"
+    assert list(selector([0, 300, 2, -1], 2)) == [False, False, True, False]  # past a byte: compared
+
+
+@pytest.mark.parametrize(
+    "column, value, message",
+    [
+        ("start_ns", True, "start_ns"),
+        ("start_ns", 2.5, "start_ns"),
+        ("seq", "7", "seq"),
+        ("hook", 1.0, "hook"),
+        ("returned", 1, "returned"),
+        ("returned", None, "returned"),
+        ("error", 0, "error"),
+        ("type", 300, "index 300"),
+        ("thread", -1, "index -1"),
+        ("module", False, "module"),
+        ("kind", 0.0, "kind"),
+    ],
+)
+def test_one_bad_value_deep_in_a_large_file_is_refused(tmp_path, column, value, message):
+    data = realistic(6000).to_dict()
+    data["events"]["columns"][column][4321] = value
+    with pytest.raises(TraceFormatError, match=message):
+        load(write(tmp_path / "t.json", data))
+
+
+def test_a_hook_event_without_hook_id_deep_in_a_large_file_is_refused(tmp_path):
+    data = realistic(6000).to_dict()
+    columns, tables = data["events"]["columns"], data["events"]["tables"]
+    at = next(i for i in range(4000, 6000) if tables["type"][columns["type"][i]] == "hook")
+    for name in ("hook", "kind"):
+        bad = {**data, "events": {**data["events"], "columns": {**columns, name: list(columns[name])}}}
+        bad["events"]["columns"][name][at] = None
+        with pytest.raises(TraceFormatError, match="without a hook id or kind"):
+            load(write(tmp_path / "t.json", bad))
+
+
+def test_seq_need_not_be_sorted_but_never_repeats(tmp_path):
+    t = sample()
+    t.events = [t.events[i]._replace(seq=s) for i, s in enumerate([1, 0, 3, 2])]
+    t.surprises[0].events = [3]
+    assert load(write(tmp_path / "t.json", t.to_dict())).events == t.events
+    t.events = [e._replace(seq=e.seq + 5) for e in sample().events]  # increasing, from 5
+    t.surprises[0].events = [8]
+    assert load(write(tmp_path / "t.json", t.to_dict())).events == t.events
+    t.surprises[0].events = [3]
+    with pytest.raises(TraceFormatError, match=r"surprises\[0\] refers"):
+        load(write(tmp_path / "t.json", t.to_dict()))
+    t.surprises[0].events = []
+    for seqs, dup in (([5, 6, 7, 6], 6), ([0, 1, 1, 3], 1), ([0, 0, 1, 2], 0)):  # unsorted and sorted
+        t.events = [e._replace(seq=s) for e, s in zip(sample().events, seqs)]
+        with pytest.raises(TraceFormatError, match=f"seq {dup} appears more than once"):
+            load(write(tmp_path / "t.json", t.to_dict()))
+
+
+def test_surprise_events_are_checked_against_seq_zero_to_n(tmp_path):
+    data = sample().to_dict()
+    data["surprises"][0]["events"] = [4]
+    with pytest.raises(TraceFormatError, match=r"surprises\[0\] refers"):
+        load(write(tmp_path / "t.json", data))
+    data["surprises"][0]["events"] = [0, 3]
+    assert load(write(tmp_path / "t.json", data)).surprises[0].events == [0, 3]
+
+
+def test_tables_are_sorted_and_null_stays_null():
+    events = sample().to_dict()["events"]
+    for table in events["tables"].values():
+        assert table == sorted(table) and None not in table
+    assert events["columns"]["kind"][0] is None and events["columns"]["hook"][0] is None
+    mixed = to_columns([(1,), ("a",), (None,), (1,)], ["x"], ["x"])  # values that do not sort
+    assert mixed["tables"]["x"] == [1, "a"] and mixed["columns"]["x"] == [0, 1, None, 0]
+
+
+def test_large_version_1_file_with_one_bad_value_is_refused(tmp_path):
+    data = v1_dict(realistic(3000))
+    data["events"][2500]["duration_ns"] = 1.5
+    with pytest.raises(TraceFormatError, match="duration_ns"):
+        load(write(tmp_path / "t.json", data))
+    data["events"][2500]["duration_ns"] = 3
+    assert len(load(write(tmp_path / "t.json", data)).events) == 3000
