@@ -215,6 +215,26 @@ def test_deepcopy_inside_the_block_copies_no_hooktrace_object_and_its_hooks_are_
     assert [h.name for h in t2.trace.hooks if h.kind == "forward_pre"] == ["logged_pre"]
 
 
+def test_a_shallow_copy_sharing_the_hook_dicts_records_each_module_its_own_calls() -> None:
+    """`copy.copy(module)` shares the hook dicts: each module's events name that module."""
+    seen: list[int] = []
+
+    def who(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        seen.append(id(module))
+
+    first = nn.Linear(3, 3)
+    first.register_forward_hook(who)
+    twin = copy.copy(first)
+    assert twin._forward_hooks is first._forward_hooks
+    m = nn.Sequential(first, twin, first)
+    with hooktrace.trace(m) as t:
+        m(torch.randn(2, 3))
+    paths = {id(first): "0", id(twin): "1"}
+    traced = [e.module for e in t.trace.events if e.type == "hook" and e.kind == "forward"]
+    assert traced == [paths[i] for i in seen] == ["0", "1", "0"]
+    assert list(first._forward_hooks.values()) == [who]
+
+
 # -- another tool that wraps the same dicts --------------------------------------------------
 def test_another_tool_wrapping_the_dicts_inside_the_forward() -> None:
     """A TorchLens-like tool swaps every forward hook for its own wrapper during a call, then

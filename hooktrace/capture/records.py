@@ -24,19 +24,6 @@ COPY_BASE = 10**12
 # per (module, callable), DDP communication hooks per registration) get SYNTHETIC_BASE + n, n = 0, 1,
 # ... per capture: above every handle id and every copy id (up to 999 copies of one dict).
 SYNTHETIC_BASE = 10**15
-# PyTorch calls these module hooks with the module as first argument.
-_MODULE_FIRST = frozenset(
-    {
-        "forward_pre",
-        "forward",
-        "backward_pre",
-        "backward",
-        "backward_legacy",
-        "state_dict_pre",
-        "state_dict",
-        "load_state_dict_post",
-    }
-)
 _STATE_KINDS = frozenset(kind for _, kind in dicts.STATE_DICTS)
 _OPTIMIZER_KINDS = frozenset(kind for _, kind in dicts.OPTIMIZER_DICTS)
 
@@ -66,8 +53,10 @@ class HookBook:
         self._ids: dict[tuple[int, int], int] = {}  # (id(dict), handle id) -> trace id
         self._first_dict: dict[int, int] = {}  # handle id -> id of the first dict holding it
         self._copies = itertools.count(1)
-        self._views: dict[int, dict[int, tuple[Any, Any]]] = {}
-        self._last_views: dict[int, tuple[tuple, dict]] = {}  # id(dict) -> ((keys, ids of hooks), view)
+        # views by (id(dict), id(owner)): a dict two modules share (`copy.copy(module)`) gets shims
+        # of each, which record the module they belong to
+        self._views: dict[tuple[int, int], dict[int, tuple[Any, Any]]] = {}  # -> hook id -> (hook, shim)
+        self._last_views: dict[tuple[int, int], tuple[tuple, dict]] = {}  # -> ((keys, ids of hooks), view)
         self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner, kind)
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
         self._synthetic = itertools.count(SYNTHETIC_BASE)
@@ -135,8 +124,8 @@ class HookBook:
             record.id,
             kind,
             owner if scope == "module" else None,
-            (scope == "global" and kind not in _OPTIMIZER_KINDS)
-            or (kind in _MODULE_FIRST and scope == "module"),
+            # a global hook's module is its first argument; a module hook's is the owner of its view
+            scope == "global" and kind not in _OPTIMIZER_KINDS,
         )
         if kind in _STATE_KINDS and hasattr(fn, "_from_public_api"):  # state_dict() reads it
             shim._from_public_api = fn._from_public_api
@@ -151,28 +140,38 @@ class HookBook:
         (the cache holds those hooks, so their ids cannot be reused): an unchanged dict costs two
         C-level tuple builds and a comparison, whatever objects it holds.
         """
-        if not d:
-            return d
-        state = (tuple(d), tuple(map(id, d.values())))
-        last = self._last_views.get(id(d))
+        state = (tuple(d), tuple(map(id, d.values())))  # callers pass non-empty dicts only
+        last = self._last_views.get((id(d), id(owner)))
         if last is not None and last[0] == state:
             return last[1]
-        cache = self._views.get(id(d))
+        return self._make_view(d, owner, state, lambda: dicts.kind_of(attr, owner))
+
+    def prewarm(self, d: dict, owner: Any, kind: str) -> None:
+        """Make the view of a dict the capture starts with, so its first read inside the block is a hit.
+
+        The shims of hooks that were there before the block are made before the block, as records
+        are: a traced step costs the same whether it is the first or the tenth of a capture.
+        """
+        if d:
+            self._make_view(d, owner, (tuple(d), tuple(map(id, d.values()))), lambda: kind)
+
+    def _make_view(self, d: dict, owner: Any, state: tuple, kind_of: Callable[[], str]) -> dict:
+        cache = self._views.get((id(d), id(owner)))
         if cache is None:
-            cache = self._views[id(d)] = {}
+            cache = self._views[(id(d), id(owner))] = {}
         out = {}
         fresh = False
         for hid, fn in d.items():
             entry = cache.get(hid)
             if entry is None or entry[0] is not fn:
-                kind = dicts.kind_of(attr, owner)
+                kind = kind_of()
                 record = self.record(d, hid, fn, kind, owner, dicts.scope_of(owner))
                 entry = cache[hid] = (fn, self._shim(record, fn, owner))
                 fresh = True
             out[hid] = entry[1]
         if fresh:
             self.infer_prepends(d)
-        self._last_views[id(d)] = (state, out)
+        self._last_views[(id(d), id(owner))] = (state, out)
         return out
 
     # -- tensor and autograd-node hooks: shims in place ---------------------------------

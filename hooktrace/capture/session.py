@@ -141,22 +141,16 @@ class TraceSession:
     def _install(self) -> None:
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._interceptor.install()
-        empty: dict = {}  # a torch without one of these dicts
-        g_bwd_pre, g_bwd = (
-            dicts.global_dict(a) for a in ("_global_backward_pre_hooks", "_global_backward_hooks")
-        )
         module_call = shims.make_module_call(
             self._rec,
             vars(torch.nn.Module)["__call__"],
             views.call_impl_copy(),
             vars(torch.nn.Module)["_call_impl"],
-            self._namer.on_output,
-            (empty if g_bwd_pre is None else g_bwd_pre, empty if g_bwd is None else g_bwd),
             self._on_input,
         )
         self._run_codes.add(module_call.__code__)
         self._module_call = module_call
-        self._views = views.Installed(self._book, module_call)
+        self._views = views.Installed(self._book, module_call, self._namer.on_output)
         self._optim = optim.Installed()
         self._autograd = autograd.Installed(self)
 
@@ -339,7 +333,7 @@ class TraceSession:
         return path
 
     def _inventory(self, model: Any) -> None:
-        """Record every hook the model and the global dicts hold now; tensor hooks get their shims."""
+        """Record every hook the model and the global dicts hold now, and make their shims."""
         if isinstance(model, torch.nn.Module):
             for path, module in model.named_modules():
                 self._paths[id(module)] = path
@@ -349,12 +343,12 @@ class TraceSession:
         for hd in dicts.hook_dicts(model):
             if not hd.d:
                 continue
-            for hid in list(hd.d):
-                if hd.scope == "tensor":
+            if hd.scope == "tensor":
+                for hid in list(hd.d):
                     book.wrap_tensor_hook(hd.d, hid, hd.kind, hd.tensor)
-                else:
-                    book.record(hd.d, hid, hd.d[hid], hd.kind, hd.owner, hd.scope)
-            book.infer_prepends(hd.d)
+                book.infer_prepends(hd.d)
+            else:  # records and shims made now, not in the first step
+                book.prewarm(hd.d, hd.owner, hd.kind)
 
     # -- finalisation --------------------------------------------------------------------
     def _snapshot(self, final: Optional[_Final]) -> build.Pending:

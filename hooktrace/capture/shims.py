@@ -199,9 +199,16 @@ class Recorder:
             self._factories[arity] = namespace["factory"]
 
     def module_key(self, module: Any) -> int:
-        """The int that records name `module` by (its id, one shared object); keeps it alive."""
+        """The int that records name `module` by (its id, one shared object); keeps it alive.
+
+        `torch.compile(m)`'s wrapper (an OptimizedModule) is named as `m`, and its own id is never
+        cached: its calls take the module-call wrapper's first-call path, which marks them compiled.
+        """
         key = self.module_ids.get(id(module))
         if key is None:
+            children = module.__dict__.get("_modules")
+            if children and "_orig_mod" in children:
+                return self.module_key(children["_orig_mod"])
             key = self.module_ids[id(module)] = id(module)
             self.modules.append(module)
         return key
@@ -309,7 +316,11 @@ def make_shim(
     """
     factory = rec._factories[ARITY.get(kind)]
     return factory(
-        fn, hook_id, None if module is None else id(module), module_from_args, SAME.get(kind, _same_first)
+        fn,
+        hook_id,
+        None if module is None else rec.module_key(module),
+        module_from_args,
+        SAME.get(kind, _same_first),
     )
 
 
@@ -339,8 +350,6 @@ def make_module_call(
     original_call: Callable[..., Any],
     call_impl: Callable[..., Any],
     original_call_impl: Callable[..., Any],
-    on_output: Callable[[Any, Any], None],
-    global_backward: tuple[dict, dict],
     on_input: Callable[[Any, Any], None],
 ) -> Callable[..., Any]:
     """Replacement for `nn.Module.__call__` (PyTorch's `_wrapped_call_impl`): records `enter`/`exit`.
@@ -352,13 +361,11 @@ def make_module_call(
     recorded call whose seq goes to `rec.compiled`: its hooks run inside the graph. Modules
     whose class overrides `_call_impl` get theirs. `on_input(module, tensor)` sees positional tensor
     inputs that carry hooks registered before the block (an input's own hooks fire in backward and
-    are traced like any tensor hook). `on_output(module, result)` sees the output of
-    modules with full backward hooks, so tensor hooks registered on it can be named "output of ...".
+    are traced like any tensor hook). The output of modules with backward hooks is told to the
+    capture by the `_call_impl` copy itself (views.hooktrace_output).
     """
-    g_bwd_pre, g_bwd = global_backward
     append = rec.calls.append
     compiled_calls = rec.compiled
-    modules = rec.modules
     module_ids = rec.module_ids
     counter = rec.seq
     clock = time.perf_counter_ns
@@ -375,26 +382,24 @@ def make_module_call(
             return original_call(self, *args, **kwargs)
         if not live:  # kept past its capture (a class's own `__call__`): whatever nn.Module has now
             return module_class.__call__(self, *args, **kwargs)
-        md = self.__dict__
-        children = md.get("_modules")
-        named = children["_orig_mod"] if children and "_orig_mod" in children else self  # torch.compile(m)
-        key = module_ids.get(id(named))  # rec.module_key(named), inlined on the hot path
-        if key is None:
-            key = module_ids[id(named)] = id(named)
-            modules.append(named)
-        for arg in args:  # plain tensors whose own hook dicts we may not know yet
-            if arg.__class__ is tensor_class and arg.requires_grad and arg._backward_hooks:
-                on_input(self, arg)
         seq = next(counter)
+        key = module_ids.get(id(self))
+        if key is None:  # a module's first call, or a call of `torch.compile(m)`'s wrapper (named `m`)
+            key = rec.module_key(self)
+            if key != id(self):
+                compiled_calls.append(seq)
+        for arg in args:  # plain tensors whose own hook dicts we may not know yet (hooks need grad)
+            if arg.__class__ is tensor_class and arg._backward_hooks:
+                on_input(self, arg)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         if stepping and ident() in stepping:
             phase = OPTIMIZER
+        compiled = self._compiled_call_impl
         t0 = clock()
         try:
-            if named is not self or self._compiled_call_impl is not None:
+            if compiled is not None:
                 compiled_calls.append(seq)
-            if self._compiled_call_impl is not None:
-                result = self._compiled_call_impl(*args, **kwargs)
+                result = compiled(*args, **kwargs)
             elif type(self)._call_impl is original_call_impl:
                 result = call_impl(self, *args, **kwargs)
             else:
@@ -411,8 +416,6 @@ def make_module_call(
         if tid == main:
             tid = main
         append((seq, next(counter), phase, key, tid, t0, t1, None))
-        if md.get("_backward_pre_hooks") or md.get("_backward_hooks") or g_bwd_pre or g_bwd:
-            on_output(self, result)
         return result
 
     live = [True]  # emptied when the capture ends: `end(wrapper)`

@@ -103,6 +103,7 @@ class _Copies:
     (pattern, replacement) pairs applied line by line (the forward read of `_call_impl`);
     `names` are extra globals of the copies' namespace; the methods named in `fast` call
     FAST_VIEW_NAME (the capture's own `view` while one is installed) instead of `hooktrace_view`.
+    `fast_edits` apply to those methods only (they never run while Dynamo compiles).
     """
 
     def __init__(
@@ -113,6 +114,7 @@ class _Copies:
         edits: tuple[tuple[re.Pattern, str], ...] = (),
         names: Optional[dict[str, Any]] = None,
         fast: frozenset[str] = frozenset(),
+        fast_edits: tuple[tuple[re.Pattern, str], ...] = (),
     ) -> None:
         self.originals: dict[str, Any] = {}
         self.copies: dict[str, Any] = {}
@@ -131,9 +133,10 @@ class _Copies:
             self.originals[name] = value
             sub = _substitute(FAST_VIEW_NAME if name in fast else VIEW_NAME)
             out_lines = []
+            own_edits = edits + fast_edits if name in fast else edits
             for line in lines:
                 line = read.sub(sub, line)
-                for pattern, replacement in edits:
+                for pattern, replacement in own_edits:
                     line = pattern.sub(replacement, line)
                 out_lines.append(line)
             pieces.append((first, out_lines))
@@ -173,6 +176,32 @@ _FORWARD_READ = (
 )
 
 
+# `_call_impl`'s copy runs only when the wrapper has seen that Dynamo is not compiling (it hands
+# those calls to PyTorch's own code): its own `is_compiling()` test is False, one call less.
+_COMPILING_READ = (re.compile(r"^(\s*)if torch\.compiler\.is_compiling\(\):$"), r"\1if False:")
+# The output of a module with full or legacy backward hooks is told to the capture (TensorNamer):
+# tensor hooks registered on it later are named "output of" that module.
+_OUTPUT_READS = (
+    (
+        re.compile(r"result = bw_hook\.setup_output_hook\(result\)"),
+        "result = _hooktrace_output(self, bw_hook.setup_output_hook(result))",
+    ),
+    (
+        re.compile(r"^(\s*)if non_full_backward_hooks:$"),
+        r"\1if non_full_backward_hooks and _hooktrace_output(self, result) is result:",
+    ),
+)
+_on_output: Optional[Callable[[Any, Any], None]] = None
+
+
+def hooktrace_output(module: Any, result: Any) -> Any:
+    """`result`, after telling the capture (if one is open) that `module` returned it."""
+    on_output = _on_output
+    if on_output is not None:
+        on_output(module, result)
+    return result
+
+
 def hooktrace_forward(module: Any) -> Any:
     """What `_call_impl`'s copy calls as `forward`: a recording shim when `forward` is the instance's own."""
     viewer = _viewer
@@ -197,9 +226,10 @@ def copies() -> _Copies:
             torch.nn.Module,
             nn_module,
             _READ,
-            ((_REBOUND, _MODULE_NAME + r".\1"), _FORWARD_READ),
-            {"_hooktrace_forward": hooktrace_forward},
+            ((_REBOUND, _MODULE_NAME + r".\1"), _FORWARD_READ, *_OUTPUT_READS),
+            {"_hooktrace_forward": hooktrace_forward, "_hooktrace_output": hooktrace_output},
             frozenset({"_call_impl"}),
+            (_COMPILING_READ,),
         )
     return _made
 
@@ -207,13 +237,16 @@ def copies() -> _Copies:
 class Installed:
     """The copies (and the `__call__` wrapper) on `nn.Module` for one capture; `restore()` undoes it."""
 
-    def __init__(self, viewer: Viewer, module_call: Callable[..., Any]) -> None:
-        global _viewer
+    def __init__(
+        self, viewer: Viewer, module_call: Callable[..., Any], on_output: Callable[[Any, Any], None]
+    ) -> None:
+        global _viewer, _on_output
         made = copies()
         self._saved: list[tuple[str, Any]] = []
         if _viewer is not None:
             raise RuntimeError("another capture's views are installed")
         _viewer = viewer
+        _on_output = on_output
         self._namespace = made.namespace
         try:
             self._namespace[FAST_VIEW_NAME] = viewer.view
@@ -231,8 +264,9 @@ class Installed:
         setattr(torch.nn.Module, name, value)
 
     def restore(self) -> None:
-        global _viewer
+        global _viewer, _on_output
         _viewer = None
+        _on_output = None
         self._namespace[FAST_VIEW_NAME] = hooktrace_view  # inert now: returns the dict itself
         while self._saved:
             name, original = self._saved.pop()
