@@ -56,7 +56,7 @@ class HookBook:
         # views by (id(dict), id(owner)): a dict two modules share (`copy.copy(module)`) gets shims
         # of each, which record the module they belong to
         self._views: dict[tuple[int, int], dict[int, tuple[Any, Any]]] = {}  # -> hook id -> (hook, shim)
-        self._last_views: dict[tuple[int, int], tuple[tuple, dict]] = {}  # -> ((keys, ids of hooks), view)
+        self._last_views: dict[tuple[int, int], tuple[list, dict]] = {}  # -> ([*keys, *ids of hooks], view)
         self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner, kind)
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
         self._synthetic = itertools.count(SYNTHETIC_BASE)
@@ -137,10 +137,10 @@ class HookBook:
         """What PyTorch's copied code iterates instead of `d`: the same keys, each hook's shim.
 
         The last view of each dict is kept with the keys and the ids of the hooks it was made from
-        (the cache holds those hooks, so their ids cannot be reused): an unchanged dict costs two
-        C-level tuple builds and a comparison, whatever objects it holds.
+        (the cache holds those hooks, so their ids cannot be reused): an unchanged dict costs one
+        C-level list build and a comparison, whatever objects it holds.
         """
-        state = (tuple(d), tuple(map(id, d.values())))  # callers pass non-empty dicts only
+        state = [*d, *map(id, d.values())]  # keys, then ids of hooks; callers pass non-empty dicts only
         last = self._last_views.get((id(d), id(owner)))
         if last is not None and last[0] == state:
             return last[1]
@@ -153,9 +153,9 @@ class HookBook:
         are: a traced step costs the same whether it is the first or the tenth of a capture.
         """
         if d:
-            self._make_view(d, owner, (tuple(d), tuple(map(id, d.values()))), lambda: kind)
+            self._make_view(d, owner, [*d, *map(id, d.values())], lambda: kind)
 
-    def _make_view(self, d: dict, owner: Any, state: tuple, kind_of: Callable[[], str]) -> dict:
+    def _make_view(self, d: dict, owner: Any, state: list, kind_of: Callable[[], str]) -> dict:
         cache = self._views.get((id(d), id(owner)))
         if cache is None:
             cache = self._views[(id(d), id(owner))] = {}
