@@ -263,14 +263,11 @@ def _v1_events(items: list[Any], hook_ids: set[int], parsed: bool) -> tuple[list
             raise TraceFormatError(f"events[{i}] must be an object, got {short(e)}")
         missing = [f for f in EVENT_FIELDS if f not in e]
         unknown = [short(k) for k in e if k not in EVENT_FIELDS][:5]
-        if missing or unknown:
-            raise TraceFormatError(
-                f"events[{i}]: "
-                + "; ".join(
-                    ([f"missing {', '.join(missing)}"] if missing else [])
-                    + ([f"unknown {', '.join(unknown)}"] if unknown else [])
-                )
-            )
+        problems = [f"missing {', '.join(missing)}"] * bool(missing) + [
+            f"unknown {', '.join(unknown)}"
+        ] * bool(unknown)
+        if problems:
+            raise TraceFormatError(f"events[{i}]: " + "; ".join(problems))
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -397,7 +394,7 @@ class Trace:
     @classmethod
     def from_dict(cls, data: Any) -> Trace:
         """A Trace from a version 1 or 2 document; TraceFormatError (one line) for anything else."""
-        with gc_paused():
+        with gc_paused(long_lived=True):
             return _from_dict(data)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -475,14 +472,21 @@ def _from_dict(data: Any, parsed: bool = False) -> Trace:
 
 
 @contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
+def gc_paused(long_lived: bool = False) -> Iterator[None]:
     """Pause the cyclic GC: building or reading millions of small acyclic containers otherwise makes
-    it rescan the whole heap again and again (several times slower on large traces)."""
+    it rescan the whole heap again and again (several times slower on large traces).
+
+    `long_lived`: what the block made lives on (a loaded trace). When that is over 50,000 containers
+    they go straight to the oldest generation (gc.freeze + gc.unfreeze: two list splices), not
+    through two young passes (0.2-0.4 s for 1M events); not when the process froze objects itself."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if long_lived and gc.get_count()[0] > 50_000 and not gc.get_freeze_count():
+            gc.freeze()
+            gc.unfreeze()
         if enabled:
             gc.enable()
 
@@ -490,5 +494,5 @@ def gc_paused() -> Iterator[None]:
 def load(path: str | os.PathLike[str]) -> Trace:
     """Read a trace file of version 1 or 2 (plain or gzip-compressed JSON, whatever the file's name);
     TraceFormatError, with one line saying what is wrong, for anything else."""
-    with gc_paused():
+    with gc_paused(long_lived=True):
         return _from_dict(read_json(path), parsed=True)

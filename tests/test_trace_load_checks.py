@@ -4,6 +4,7 @@ per-value checks say, on every kind of JSON value, in large files as in small on
 from __future__ import annotations
 
 import enum
+import gc
 import math
 
 import orjson
@@ -160,3 +161,35 @@ def test_large_version_1_file_with_one_bad_value_is_refused(tmp_path):
         load(write(tmp_path / "t.json", data))
     data["events"][2500]["duration_ns"] = 3
     assert len(load(write(tmp_path / "t.json", data)).events) == 3000
+
+
+def _generation(obj) -> int | None:
+    return next((g for g in range(3) if any(o is obj for o in gc.get_objects(generation=g))), None)
+
+
+def test_a_large_loaded_trace_goes_straight_to_the_oldest_gc_generation(tmp_path):
+    """Its events live as long as the trace: no young-generation passes over them after load."""
+    big, small = tmp_path / "big.json", tmp_path / "small.json"
+    realistic(60_000).save(big)
+    sample().save(small)
+    gc.collect()
+    young = []  # made just before: promoted with a large trace, left alone with a small one
+    loaded = load(small)
+    assert _generation(loaded.events[0]) == 0 and _generation(young) == 0
+    loaded = load(big)
+    assert gc.get_count()[0] < 1000
+    assert _generation(loaded.events[0]) == _generation(loaded.events[-1]) == _generation(young) == 2
+
+
+def test_objects_the_process_froze_stay_frozen(tmp_path):
+    big = tmp_path / "big.json"
+    realistic(60_000).save(big)
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        loaded = load(big)
+        assert gc.get_freeze_count() == frozen
+        assert _generation(loaded.events[0]) in (0, 1)
+    finally:
+        gc.unfreeze()
