@@ -193,3 +193,12 @@ def test_objects_the_process_froze_stay_frozen(tmp_path):
         assert _generation(loaded.events[0]) in (0, 1)
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("at, values", [(0, 13), (4095, 11), (4096, 13), (5999, 1)])
+def test_events_of_another_length_are_not_saved(tmp_path, at, values):
+    t = realistic(6000)
+    t.events[at] = (tuple(t.events[at]) * 2)[:values]
+    with pytest.raises(TraceFormatError, match=rf"events\[{at}\] has {values} values, expected 12"):
+        t.save(tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()
