@@ -97,9 +97,22 @@ def _interleaved(untraced: Callable[[], float], traced: Callable[[], Any], pairs
 
 
 def _overhead_rows(
-    key: str, what: str, target: float, model: Any, step: Callable[[], None], pairs: int, warmup: int
+    key: str,
+    what: str,
+    target: float,
+    model: Any,
+    step: Callable[[], None],
+    pairs: int,
+    warmup: int,
+    reps: int = 1,
 ) -> list[Row]:
-    """Two rows: one step inside an open trace (shims only), and a whole `with hooktrace.trace()` block."""
+    """Two rows: steps inside an open trace (the capture's cost per step), and a whole `with
+    hooktrace.trace()` block around one step (install, inventory, the final walk: the session's).
+
+    The step row's samples are `reps` consecutive steps each (untraced, or inside one fresh trace),
+    so that one sample lasts long enough for this VM's millisecond hiccups to average out; its pairs
+    are interleaved separately from the session row's.
+    """
     import hooktrace
 
     for _ in range(warmup):
@@ -108,51 +121,71 @@ def _overhead_rows(
         with hooktrace.trace(model):
             step()
 
+    def untraced_steps() -> float:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            step()
+        return (time.perf_counter() - t0) / reps
+
+    events = []
+
+    def traced_steps() -> float:
+        with hooktrace.trace(model) as session:
+            t1 = time.perf_counter()
+            for _ in range(reps):
+                step()
+            t2 = time.perf_counter()
+        events.append(len(session.trace.events) // reps)
+        return (t2 - t1) / reps
+
     def untraced() -> float:
         t0 = time.perf_counter()
         step()
         return time.perf_counter() - t0
 
-    events = []
     builds = []
 
-    def traced() -> tuple[float, float]:
+    def traced_session() -> float:
         t0 = time.perf_counter()
         with hooktrace.trace(model) as session:
-            t1 = time.perf_counter()
             step()
-            t2 = time.perf_counter()
         t3 = time.perf_counter()
-        events.append(len(session.trace.events))  # the trace is built here, at first use
+        session.trace  # noqa: B018 - the trace is built here, at first use
         builds.append(time.perf_counter() - t3)
-        return t2 - t1, t3 - t0
+        return t3 - t0
 
-    results = _interleaved(untraced, traced, pairs)
-    base = statistics.median(u for u, _ in results)
+    steps = _interleaved(untraced_steps, traced_steps, pairs)
+    base = statistics.median(u for u, _ in steps)
+    traced_ms = statistics.median(t for _, t in steps)
     inner = Row(
         f"{key}_step",
-        f"{what}: traced/untraced, one step inside an open trace",
+        f"{what}: traced/untraced, steps inside an open trace ({reps} per sample)",
         "ratio",
         target,
-        [t[0] / u for u, t in results],
-        details={"untraced_ms": base * 1e3, "events_per_step": events[-1], "pairs": pairs},
+        [t / u for u, t in steps],
+        details={
+            "untraced_ms": base * 1e3,
+            "traced_ms": traced_ms * 1e3,
+            "events_per_step": events[-1],
+            "overhead_per_event_us": (traced_ms - base) / max(events[-1], 1) * 1e6,
+            "pairs": pairs,
+            "steps_per_sample": reps,
+        },
     )
+    sessions = _interleaved(untraced, traced_session, pairs)
     whole = Row(
         f"{key}_session",
         f"{what}: traced/untraced, whole `with hooktrace.trace()` around one step",
         "ratio",
         target,
-        [t[1] / u for u, t in results],
+        [t / u for u, t in sessions],
         details={
-            "untraced_ms": base * 1e3,
-            "traced_step_ms": statistics.median(t[0] for _, t in results) * 1e3,
-            "session_ms": statistics.median(t[1] for _, t in results) * 1e3,
+            "untraced_ms": statistics.median(u for u, _ in sessions) * 1e3,
+            "session_ms": statistics.median(t for _, t in sessions) * 1e3,
             "trace_build_ms": statistics.median(builds) * 1e3,
             "pairs": pairs,
         },
     )
-    per_hook = (statistics.median(t[0] for _, t in results) - base) / max(events[-1], 1)
-    inner.details["overhead_per_event_us"] = per_hook * 1e6
     return [inner, whole]
 
 
