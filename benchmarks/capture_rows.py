@@ -145,7 +145,7 @@ def bench_shim(quick: bool) -> list[Row]:
     rec = Recorder()
     shim = make_shim(rec, hook, 0, "grad", None, False)  # a tensor hook: what the row measures
     fwd_rec = Recorder()
-    fwd_shim = make_shim(fwd_rec, fwd_hook, 0, "forward", object(), True)  # a module forward hook
+    fwd_shim = make_shim(fwd_rec, fwd_hook, 0, "forward", object(), False)  # module hook, module bound
     gen_rec = Recorder()
     gen_shim = make_shim(gen_rec, hook, 0, "state_dict", None, False)  # *args/**kwargs shim
     n = 20_000 if quick else 200_000

@@ -206,7 +206,7 @@ class Recorder:
         """
         key = self.module_ids.get(id(module))
         if key is None:
-            children = module.__dict__.get("_modules")
+            children = getattr(module, "__dict__", {}).get("_modules")
             if children and "_orig_mod" in children:
                 return self.module_key(children["_orig_mod"])
             key = self.module_ids[id(module)] = id(module)
