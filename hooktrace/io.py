@@ -16,7 +16,7 @@ import secrets
 import stat
 import sys
 import zlib
-from itertools import repeat
+from itertools import compress, repeat
 from typing import IO, Any, Callable, Iterable, Optional, Sequence, Union
 
 import orjson
@@ -105,6 +105,19 @@ def selector(column: list[Any], value: int) -> Sequence[Any]:
         return bytes(column).translate(bytes(i == value for i in range(256)))
     except (ValueError, TypeError):  # an int past 255 or below 0
         return list(map(operator.eq, column, repeat(value)))
+
+
+def null_among(column: list[Any], picks: Sequence[Any], ints: bool) -> bool:
+    """True when a value that `picks` picks (itertools.compress) is None. For a column of ints or
+    None, sum() meets a None as a TypeError in half the time `None in` takes to compare each value."""
+    picked = compress(column, picks)
+    if not ints:
+        return None in picked
+    try:
+        sum(picked)
+    except TypeError:
+        return True
+    return False
 
 
 def read_json(path: PathLike) -> Any:

@@ -16,8 +16,8 @@ import gc
 import operator
 import os
 from dataclasses import dataclass, field, fields
-from itertools import compress, islice, repeat
-from typing import IO, Any, Callable, Container, Iterable, Iterator, NamedTuple, Optional
+from itertools import islice, repeat
+from typing import IO, Any, Callable, Container, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 from .io import (
     TraceFormatError,
@@ -26,6 +26,7 @@ from .io import (
     has_types,
     index_error,
     lookup,
+    null_among,
     read_json,
     selector,
     short,
@@ -256,7 +257,7 @@ def _v1_events(items: list[Any], hook_ids: set[int], parsed: bool) -> tuple[list
             for name, column in zip(EVENT_FIELDS, columns):
                 _check_values(name, column, parsed)
             by_name = dict(zip(EVENT_FIELDS, columns))
-            _check_hook_events(list(map(operator.eq, by_name["type"], repeat("hook"))), by_name)
+            _check_hook_events(list(map(operator.eq, by_name["type"], repeat("hook"))), by_name, False)
             return _events(columns, by_name, hook_ids)
     for i, e in enumerate(items):  # explain the first bad one
         if not isinstance(e, dict):
@@ -293,7 +294,7 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
                 f'events column "{name}" holds {short(bad)}; expected indices into its table'
             )
     if "hook" in tables["type"]:
-        _check_hook_events(selector(by_name["type"], tables["type"].index("hook")), by_name)
+        _check_hook_events(selector(by_name["type"], tables["type"].index("hook")), by_name, True)
     decoded = [map(lookup(tables[n]).__getitem__, c) if n in tables else c for n, c in by_name.items()]
     try:
         return _events(decoded, by_name, hook_ids)
@@ -305,9 +306,9 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
         raise
 
 
-def _check_hook_events(is_hook: Iterable[Any], by_name: dict[str, list[Any]]) -> None:
-    """Every event that `is_hook` (truthy where the type is "hook") picks has a hook id and a kind."""
-    if None in compress(by_name["hook"], is_hook) or None in compress(by_name["kind"], is_hook):
+def _check_hook_events(is_hook: Sequence[Any], by_name: dict[str, list[Any]], kind_ints: bool) -> None:
+    """Every event that `is_hook` picks has a hook id and a kind."""
+    if null_among(by_name["hook"], is_hook, ints=True) or null_among(by_name["kind"], is_hook, kind_ints):
         raise TraceFormatError('events: a "hook" event without a hook id or kind')
 
 

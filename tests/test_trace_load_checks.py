@@ -10,7 +10,7 @@ import math
 import orjson
 import pytest
 
-from hooktrace.io import all_bools, all_ints, has_types, selector, to_columns
+from hooktrace.io import all_bools, all_ints, has_types, null_among, selector, to_columns
 from hooktrace.schema import Trace, TraceFormatError, load
 from tests.trace_samples import realistic, sample, v1_dict, write
 
@@ -116,6 +116,24 @@ def test_a_hook_event_without_hook_id_deep_in_a_large_file_is_refused(tmp_path):
         bad["events"]["columns"][name][at] = None
         with pytest.raises(TraceFormatError, match="without a hook id or kind"):
             load(write(tmp_path / "t.json", bad))
+
+
+def test_null_among_picked_values():
+    picks = bytes([1, 0, 1, 0])
+    assert null_among([1, None, 2**70, None], picks, ints=True) is False  # past 64 bits: still a sum
+    assert null_among([1, 2, None, 4], picks, ints=True) is True
+    assert null_among(["a", None, "b", None], picks, ints=False) is False
+    assert null_among(["a", None, None, "b"], picks, ints=False) is True
+    assert null_among([], b"", ints=True) is False
+
+
+def test_a_version_1_hook_event_without_a_kind_is_refused(tmp_path):
+    for name in ("kind", "hook"):
+        data = v1_dict(realistic(3000))
+        at = next(i for i in range(2000, 3000) if data["events"][i]["type"] == "hook")
+        data["events"][at][name] = None
+        with pytest.raises(TraceFormatError, match="without a hook id or kind"):
+            load(write(tmp_path / "t.json", data))
 
 
 def test_seq_need_not_be_sorted_but_never_repeats(tmp_path):
