@@ -21,11 +21,11 @@ from typing import IO, Any, Callable, Container, Iterable, Iterator, NamedTuple,
 
 from .io import (
     TraceFormatError,
+    decode,
     dumps,
     from_columns,
     has_types,
     index_error,
-    lookup,
     null_among,
     read_json,
     selector,
@@ -295,15 +295,15 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
             )
     if "hook" in tables["type"]:
         _check_hook_events(selector(by_name["type"], tables["type"].index("hook")), by_name, True)
-    decoded = [map(lookup(tables[n]).__getitem__, c) if n in tables else c for n, c in by_name.items()]
     try:
-        return _events(decoded, by_name, hook_ids)
+        decoded = [decode(c, tables[n]) if n in tables else c for n, c in by_name.items()]
     except KeyError:
         for name, table in tables.items():
             error = index_error(name, by_name[name], table)
             if error is not None:
                 raise error from None
         raise
+    return _events(decoded, by_name, hook_ids)
 
 
 def _check_hook_events(is_hook: Sequence[Any], by_name: dict[str, list[Any]], kind_ints: bool) -> None:

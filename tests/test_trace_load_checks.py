@@ -220,3 +220,13 @@ def test_events_of_another_length_are_not_saved(tmp_path, at, values):
     with pytest.raises(TraceFormatError, match=rf"events\[{at}\] has {values} values, expected 12"):
         t.save(tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_one_event_traces_decode_and_refuse_like_longer_ones(tmp_path):
+    t = sample()
+    t.events, t.surprises = t.events[:1], []
+    assert load(write(tmp_path / "t.json", t.to_dict())).events == t.events
+    data = t.to_dict()
+    data["events"]["columns"]["module"] = [5]
+    with pytest.raises(TraceFormatError, match="index 5, outside its table of 1"):
+        load(write(tmp_path / "t.json", data))
