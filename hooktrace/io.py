@@ -16,7 +16,7 @@ import secrets
 import stat
 import sys
 import zlib
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from typing import IO, Any, Callable, Iterable, Optional, Sequence, Union
 
 import orjson
@@ -155,52 +155,71 @@ def inflate(raw: bytes, name: str = "input") -> bytearray:
         raise TraceFormatError(f"{name} is not a readable gzip file: {exc}") from None
 
 
-def write_json(path: PathLike, data: Any) -> None:
-    """`data` as compact JSON and a newline, atomically; gzip-compressed when the name ends in .gz."""
-    raw = dumps(data, newline=True)
+def write_json(path: PathLike, chunks: Sequence[bytes]) -> None:
+    """JSON bytes given in chunks (`dumps` and `columns_json` make them), atomically; gzip-compressed
+    when the name ends in .gz. The chunks are written one after the other, never joined."""
     if not os.fspath(path).endswith(".gz"):
-        write_atomic(path, raw)
+        write_atomic(path, lambda fh: fh.writelines(chunks))
         return
 
     def packed(fh: IO[bytes]) -> None:
         with gzip.GzipFile(filename="", mode="wb", fileobj=fh, compresslevel=GZIP_LEVEL, mtime=0) as out:
-            out.write(raw)
+            out.writelines(chunks)
 
     write_atomic(path, packed)
 
 
 # -- version 2 columns -----------------------------------------------------------------------------------
 def to_columns(
-    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str], lists: bool = True
+    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]
 ) -> dict[str, Any]:
     """`{"count", "columns", "tables"}` of rows of len(fields) values: the fields in `indexed` hold
-    indices into a table of their distinct values (sorted; null stays null). `lists=False` leaves
-    the indexed columns as tuples (for `dumps` alone: it writes them the same, with no copy)."""
+    indices into a table of their distinct values (sorted; null stays null)."""
+    slices, tables = _transposed(rows, fields, indexed)
+    columns = {name: list(chain.from_iterable(parts)) for name, parts in zip(fields, slices)}
+    return {"count": len(rows), "columns": columns, "tables": tables}
+
+
+def columns_json(rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]) -> list[bytes]:
+    """Chunks of exactly the bytes `dumps(to_columns(rows, fields, indexed))` makes, without whole
+    columns: orjson writes each slice of each column (a fifth less time than building the columns
+    for 1M events, and the 52 MB are never copied into one piece)."""
+    slices, tables = _transposed(rows, fields, indexed)
+    chunks = [b'{"count":%d,"columns":{' % len(rows)]
+    for i, (name, parts) in enumerate(zip(fields, slices)):
+        chunks.append(b'%s"%s":[' % (b"," if i else b"", name.encode()))
+        chunks.append(b",".join([orjson.dumps(part)[1:-1] for part in parts]))
+        chunks.append(b"]")
+    chunks += [b'},"tables":', orjson.dumps(tables), b"}"]
+    return chunks
+
+
+def _transposed(
+    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]
+) -> tuple[list[list[tuple[Any, ...]]], dict[str, list[Any]]]:
+    """Each field's values as tuples of up to _TRANSPOSE_ROWS rows (slices keep the transposition
+    in the CPU caches), indexed fields' values replaced by indices; and the tables."""
     if not _STRICT and rows and set(map(len, rows)) != {len(fields)}:
         raise _length_error(rows, fields)
-    columns: dict[str, Any] = {f: [] for f in fields}
-    parts = list(columns.values())
-    for start in range(0, len(rows), _TRANSPOSE_ROWS):  # slices: the transposition stays in the CPU caches
+    slices: list[list[tuple[Any, ...]]] = [[] for _ in fields]
+    for start in range(0, len(rows), _TRANSPOSE_ROWS):
         try:  # strict: rows of unequal length raise; then len(fields) parts mean len(fields) values each
             transposed = list(zip(*rows[start : start + _TRANSPOSE_ROWS], **_STRICT))
         except ValueError:
             raise _length_error(rows, fields) from None
         if len(transposed) != len(fields):
             raise _length_error(rows, fields)
-        for column, part in zip(parts, transposed):
-            column.extend(part)
+        for parts, part in zip(slices, transposed):
+            parts.append(part)
     tables: dict[str, list[Any]] = {}
     for name in indexed:
-        values = columns[name]
-        tables[name] = table = _table(values)
+        parts = slices[fields.index(name)]
+        tables[name] = table = _table(parts)
         index: dict[Any, Any] = {v: i for i, v in enumerate(table)}
         index[None] = None
-        if len(values) > 1:  # itemgetter looks every value up in one C call: half of map(index.__getitem__)
-            found = operator.itemgetter(*values)(index)
-            columns[name] = list(found) if lists else found
-        else:
-            columns[name] = [index[v] for v in values]
-    return {"count": len(rows), "columns": columns, "tables": tables}
+        # itemgetter looks every value up in one C call: half of map(index.__getitem__, ...)
+        parts[:] = [operator.itemgetter(*p)(index) if len(p) > 1 else (index[p[0]],) for p in parts]
+    return slices, tables
 
 
 def _length_error(rows: Sequence[Sequence[Any]], fields: Sequence[str]) -> TraceFormatError:
@@ -208,14 +227,14 @@ def _length_error(rows: Sequence[Sequence[Any]], fields: Sequence[str]) -> Trace
     return TraceFormatError(f"events[{bad}] has {len(rows[bad])} values, expected {len(fields)}")
 
 
-def _table(values: list[Any]) -> list[Any]:
+def _table(parts: list[tuple[Any, ...]]) -> list[Any]:
     """The distinct values but null, sorted (values that do not sort: first seen first)."""
-    distinct = set(values)
+    distinct = set().union(*parts)
     distinct.discard(None)
     try:
         return sorted(distinct)
     except TypeError:
-        return [v for v in dict.fromkeys(values) if v is not None]
+        return [v for v in dict.fromkeys(chain.from_iterable(parts)) if v is not None]
 
 
 def from_columns(

@@ -21,6 +21,7 @@ from typing import IO, Any, Callable, Container, Iterable, Iterator, NamedTuple,
 
 from .io import (
     TraceFormatError,
+    columns_json,
     decode,
     dumps,
     from_columns,
@@ -368,29 +369,27 @@ class Trace:
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The version 2 document of SPEC §4 (events as columns)."""
-        return self._document(lists=True)
-
-    def _document(self, lists: bool) -> dict[str, Any]:
-        """`to_dict()`; `lists=False` leaves some columns as tuples, which `dumps` writes the same."""
         with gc_paused():
-            return {
-                "format": FORMAT,
-                "version": VERSION,
-                "meta": _record(self.meta),
-                "modules": [_record(m) for m in self.modules],
-                "hooks": [_record(h) for h in self.hooks],
-                "events": to_columns(self.events, EVENT_FIELDS, INDEXED, lists=lists),
-                "surprises": [
-                    {
-                        "rule": s.rule,
-                        "level": s.level,
-                        "message": s.message,
-                        "hooks": list(s.hooks),
-                        "events": list(s.events),
-                    }
-                    for s in self.surprises
-                ],
-            }
+            events = to_columns(self.events, EVENT_FIELDS, INDEXED)
+            return {**self._head(), "events": events, "surprises": self._surprises()}
+
+    def _head(self) -> dict[str, Any]:
+        meta, modules = _record(self.meta), [_record(m) for m in self.modules]
+        hooks = [_record(h) for h in self.hooks]
+        return {"format": FORMAT, "version": VERSION, "meta": meta, "modules": modules, "hooks": hooks}
+
+    def _surprises(self) -> list[dict[str, Any]]:
+        return [
+            dict(rule=s.rule, level=s.level, message=s.message, hooks=list(s.hooks), events=list(s.events))
+            for s in self.surprises
+        ]
+
+    def _json_chunks(self) -> list[bytes]:
+        """The bytes of `dumps(self.to_dict())` and a newline, in chunks (io.columns_json)."""
+        with gc_paused():
+            events = columns_json(self.events, EVENT_FIELDS, INDEXED)
+            head = dumps(self._head())[:-1]  # without its closing brace
+            return [head, b',"events":', *events, b',"surprises":', dumps(self._surprises()), b"}\n"]
 
     @classmethod
     def from_dict(cls, data: Any) -> Trace:
@@ -403,16 +402,16 @@ class Trace:
         folder, then renamed: a failed save leaves an earlier file at `path` as it was). A path
         ending in ``.gz`` gets the same JSON gzip-compressed (`load` reads either)."""
         with gc_paused():
-            write_json(path, self._document(lists=False))
+            write_json(path, self._json_chunks())
 
     def write_json(self, fh: IO[bytes]) -> None:
         """Write the bytes of `save` to a binary file object (`sys.stdout.buffer`, a socket file...)."""
-        fh.write(self.to_json())
+        fh.writelines(self._json_chunks())
 
     def to_json(self) -> bytes:
         """The bytes `save` writes: the version 2 JSON document and a newline."""
         with gc_paused():
-            return dumps(self._document(lists=False), newline=True)
+            return b"".join(self._json_chunks())
 
     def __repr__(self) -> str:
         return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import gc
+import gzip
 import math
 
 import orjson
@@ -230,3 +231,25 @@ def test_one_event_traces_decode_and_refuse_like_longer_ones(tmp_path):
     data["events"]["columns"]["module"] = [5]
     with pytest.raises(TraceFormatError, match="index 5, outside its table of 1"):
         load(write(tmp_path / "t.json", data))
+
+
+def _mixed() -> Trace:
+    t = sample()
+    t.events[1] = tuple(t.events[1][:4]) + (7,) + tuple(t.events[1][5:])  # a module that is no string
+    return t
+
+
+@pytest.mark.parametrize(
+    "make",
+    [sample, Trace, lambda: realistic(10_000), lambda: realistic(4097), lambda: realistic(4096), _mixed],
+    ids=["sample", "empty", "10000", "4097", "4096", "mixed-table"],
+)
+def test_saved_bytes_are_orjson_of_to_dict(tmp_path, make):
+    """save and to_json write the columns slice by slice: exactly the bytes of dumps(to_dict())."""
+    t = make()
+    expected = orjson.dumps(t.to_dict()) + b"\n"
+    assert t.to_json() == expected
+    t.save(tmp_path / "t.json")
+    assert (tmp_path / "t.json").read_bytes() == expected
+    t.save(tmp_path / "t.json.gz")
+    assert gzip.decompress((tmp_path / "t.json.gz").read_bytes()) == expected
