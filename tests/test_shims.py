@@ -131,3 +131,29 @@ def test_tensor_hooks_registered_inside_forward_hooks_are_named_after_the_module
         model(torch.randn(3, 2, requires_grad=True)).sum().backward()
     tensors = sorted(h.tensor for h in t.trace.hooks if h.scope == "tensor")
     assert tensors == ["input of 1", "output of 1"]
+
+
+def test_shims_of_hooks_held_at_the_start_are_made_when_the_block_opens(monkeypatch) -> None:
+    """The first traced step makes no shim for hooks registered before the block (it costs what the
+    tenth does); a hook registered inside the block gets its shim at first read, and both fire."""
+    made: list[int] = []
+    real = shims.make_shim
+
+    def counting(rec, fn, hook_id, *rest):  # noqa: ANN001, ANN002
+        made.append(hook_id)
+        return real(rec, fn, hook_id, *rest)
+
+    monkeypatch.setattr(shims, "make_shim", counting)
+    fired: list[str] = []
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    before = model[0].register_forward_hook(lambda m, a, o: fired.append("before"))
+    with hooktrace.trace(model) as t:
+        at_open = list(made)
+        model(torch.randn(1, 2))
+        assert made == at_open == [before.id]
+        inside = model[1].register_forward_pre_hook(lambda m, a: fired.append("inside"))
+        model(torch.randn(1, 2))
+        assert made == [before.id, inside.id]
+    assert fired == ["before", "before", "inside"]  # the second call: Linear's hook, then ReLU's pre-hook
+    order = [e.hook for e in t.trace.events if e.type == "hook"]
+    assert order == [before.id, before.id, inside.id]
