@@ -7,8 +7,8 @@ Wall-clock ratios on a shared VM move with whatever else runs; instruction count
 binary, inputs and environment give the same count, other load or not). Three runs of this script
 under `valgrind --tool=callgrind` (in parallel, several minutes each: torch's import alone is about
 6e9 instructions): set-up only, set-up + N untraced steps, set-up + N steps inside one open trace.
-Each run does the same set-up (the model, a warm-up step, one traced step), so the differences are
-the steps alone (the traced run's one `with hooktrace.trace()` around them included). Instructions are not time (cache misses and branch mispredictions weigh more in
+Each run does the same set-up (the model, a warm-up step, one traced step) and opens one more
+trace (empty, or around the N steps), so the differences are the steps alone. Instructions are not time (cache misses and branch mispredictions weigh more in
 the interpreter than in torch's kernels), so this complements `run.py`'s timed rows; it does not
 replace them. Needs `valgrind` on PATH.
 """
@@ -43,7 +43,9 @@ def child(mode: str, steps: int) -> None:
         with hooktrace.trace(model):
             for _ in range(steps):
                 step()
-    else:
+    else:  # the same session, empty: what differs from the traced run is the steps alone
+        with hooktrace.trace(model):
+            pass
         for _ in range(steps):
             step()
 
