@@ -111,6 +111,14 @@ def _find(trace: Trace, hook_id: int) -> Optional[Hook]:
         return None
 
 
+def hook_of(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
+    """The trace's hook with this id, or None (no id, or a hook the trace does not list)."""
+    try:
+        return trace.hook(hook_id) if hook_id is not None else None
+    except KeyError:
+        return None
+
+
 def plural(n: int, one: str, many: Optional[str] = None) -> str:
     """`1 call`, `2 calls`; `many` for irregular words."""
     return f"{n} {one if n == 1 else (many or one + 's')}"

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Optional
 
 from ..kinds import FORWARD_KINDS, GLOBAL, MODULE, NODE, SAVED_TENSORS, TENSOR, TENSOR_KINDS
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
-from .firings import firings, level_of, module_calls, plural
+from .firings import firings, hook_of, level_of, module_calls, plural
 from .identity import identity
 from .never_fired import never_fired
 from .training import forward_wrapper, step_in_grad_hook
@@ -56,13 +56,6 @@ def names(items: Iterable[str], most: int = 6) -> str:
     if len(unique) > 1:
         return ", ".join(unique[:-1]) + f" and {unique[-1]}"
     return unique[0] if unique else ""
-
-
-def _hook(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
-    try:
-        return trace.hook(hook_id) if hook_id is not None else None
-    except KeyError:
-        return None
 
 
 # -- order around one call ----------------------------------------------------------------------
@@ -198,7 +191,7 @@ def _did_not_rerun(trace: Trace, calls: list, stopped: list) -> list[Hook]:
         first = {(e.module, e.hook) for e in hook_events if forward[0].holds(e)}
         again = {(e.module, e.hook) for e in hook_events if stop.holds(e)}
         for _module, hid in sorted(first - again, key=lambda k: (str(k[0]), k[1] or -1)):
-            hook = _hook(trace, hid)
+            hook = hook_of(trace, hid)
             if hook is not None:
                 missing.setdefault(hook.id, hook)
     return list(missing.values())
@@ -212,7 +205,7 @@ def replaced_value(trace: Trace) -> list[Surprise]:
     first: dict[tuple, Hook] = {}
     for e in trace.events:
         if e.type == "hook" and e.returned:
-            hook = _hook(trace, e.hook)
+            hook = hook_of(trace, e.hook)
             if hook is None:
                 continue
             key = identity(hook)
@@ -269,14 +262,14 @@ def hook_error(trace: Trace) -> list[Surprise]:
     for e in events:
         if e.type != "hook" or not e.error or is_internal_error(e.error):
             continue
-        hook = _hook(trace, e.hook)
+        hook = hook_of(trace, e.hook)
         name = label(hook) if hook else f"hook #{e.hook}"
         still: list[Event] = []
         for later in events[e.seq + 1 :]:
             if later.module == e.module and later.type == "exit":
                 break
             if later.type == "hook" and later.module == e.module and later.kind == "forward":
-                other = _hook(trace, later.hook)
+                other = hook_of(trace, later.hook)
                 if other is not None and other.always_call:
                     still.append(later)
         message = f"{name} ({e.kind} on {on(hook) if hook else where(e.module)}) raised {e.error}."
@@ -390,7 +383,7 @@ def output_hook_before_backward_pre(trace: Trace) -> list[Surprise]:
     for e in trace.events:
         if e.type != "hook" or e.kind not in TENSOR_KINDS:
             continue
-        hook = _hook(trace, e.hook)
+        hook = hook_of(trace, e.hook)
         module = _output_module(hook) if hook else None
         if module is None:
             continue

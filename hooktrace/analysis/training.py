@@ -17,18 +17,11 @@ from typing import Optional
 
 from ..kinds import OPTIMIZER_PHASE, TENSOR
 from ..schema import ROOT, Event, Hook, Surprise, Trace
-from .firings import level_of, module_calls, plural
+from .firings import hook_of, level_of, module_calls, plural
 
 
 def _where(path: Optional[str]) -> str:
     return f"`{path or ROOT}`" if path is not None else "a module outside the model"
-
-
-def _hook(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
-    try:
-        return trace.hook(hook_id) if hook_id is not None else None
-    except KeyError:
-        return None
 
 
 def forward_wrapper(trace: Trace) -> list[Surprise]:
@@ -51,8 +44,8 @@ def forward_wrapper(trace: Trace) -> list[Surprise]:
         seqs.extend([*(e.seq for e in before), wrapper.seq])
     out = []
     for (module, wrapper_id), (pre_ids, seqs) in found.items():
-        wrapper_hook = _hook(trace, wrapper_id)
-        pres = [h for h in (_hook(trace, p) for p in sorted(pre_ids)) if h is not None]
+        wrapper_hook = hook_of(trace, wrapper_id)
+        pres = [h for h in (hook_of(trace, p) for p in sorted(pre_ids)) if h is not None]
         names = ", ".join(f"`{h.name}`" for h in pres)
         wrapper_name = f"`{wrapper_hook.name}`" if wrapper_hook else "a forward wrapper"
         out.append(
@@ -88,7 +81,7 @@ def step_in_grad_hook(trace: Trace) -> list[Surprise]:
     grad_events = []
     for e in trace.events:
         if e.type == "hook" and e.kind == "grad":
-            hook = _hook(trace, e.hook)
+            hook = hook_of(trace, e.hook)
             if hook is not None and hook.scope == TENSOR and _on_parameter(hook):
                 grad_events.append((e, hook))
     found: dict[int, list[Event]] = defaultdict(list)
