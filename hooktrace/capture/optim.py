@@ -22,16 +22,9 @@ from typing import Any, Optional
 import torch
 import torch.optim.optimizer as optim_module
 
-from . import shims, views
+from . import dicts, shims, views
 
-ATTRS = (
-    "_optimizer_step_pre_hooks",
-    "_optimizer_step_post_hooks",
-    "_optimizer_state_dict_pre_hooks",
-    "_optimizer_state_dict_post_hooks",
-    "_optimizer_load_state_dict_pre_hooks",
-    "_optimizer_load_state_dict_post_hooks",
-)
+ATTRS = tuple(attr for attr, _ in dicts.OPTIMIZER_DICTS)
 _READ = views.reads("self", ATTRS, r"_global_optimizer_(?:pre|post)_hooks")
 # `with torch.autograd.profiler.record_function(profile_name):` in the step wrapper also marks the step
 _STEP_MARK = (

@@ -25,21 +25,8 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 import torch.nn.modules.module as nn_module
 
-# `<receiver>.<attr>.items()` / `.values()` on a module hook dict, or `<_global_...>.items()/values()`.
-_MODULE_ATTRS = (
-    "_forward_pre_hooks",
-    "_forward_hooks",
-    "_backward_pre_hooks",
-    "_backward_hooks",
-    "_state_dict_pre_hooks",
-    "_state_dict_hooks",
-    "_load_state_dict_pre_hooks",
-    "_load_state_dict_post_hooks",
-)
-_READ = re.compile(
-    r"\b(?:(?P<owner>self|module)\.(?P<attr>" + "|".join(_MODULE_ATTRS) + r")"
-    r"|(?P<glob>_global_[a-z_]+?_hooks))\.(?P<method>items|values)\(\)"
-)
+from . import dicts
+
 # globals that module.py rebinds (`global X`): read live, not from the copy's namespace
 _REBOUND = re.compile(r"\b(_global_is_full_backward_hook)\b")
 VIEW_NAME = "_hooktrace_view"
@@ -88,6 +75,10 @@ def reads(owners: str, attrs: tuple[str, ...], globs: str) -> re.Pattern:
         rf"\b(?:(?P<owner>{owners})\.(?P<attr>" + "|".join(attrs) + r")"
         rf"|(?P<glob>{globs}))\.(?P<method>items|values)\(\)"
     )
+
+
+# `<receiver>.<attr>.items()` / `.values()` on a module hook dict, or `<_global_...>.items()/values()`.
+_READ = reads("self|module", tuple(attr for attr, _ in dicts.MODULE_DICTS), "_global_[a-z_]+?_hooks")
 
 
 def _plain(value: Any) -> Any:
