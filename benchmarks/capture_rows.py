@@ -85,9 +85,7 @@ def bench_hook_heavy(quick: bool) -> list[Row]:
         1.10,
         model,
         step,
-        pairs=6 if quick else 40,
-        warmup=2 if quick else 10,
-        reps=2 if quick else 5,
+        quick,
     )
 
 
@@ -99,9 +97,7 @@ def bench_transformer(quick: bool) -> list[Row]:
         1.02,
         model,
         step,
-        pairs=6 if quick else 40,
-        warmup=2 if quick else 10,
-        reps=2 if quick else 5,
+        quick,
     )
 
 
@@ -115,9 +111,8 @@ def bench_save_on_cpu(quick: bool) -> list[Row]:
         with save_on_cpu():
             plain()
 
-    pairs, warmup, reps = (6, 2, 2) if quick else (40, 10, 5)
     what = "compute-bound TransformerEncoder 2x256 under save_on_cpu (pack/unpack traced), fwd+bwd"
-    return _overhead_rows("save_on_cpu", what, 1.02, model, step, pairs=pairs, warmup=warmup, reps=reps)
+    return _overhead_rows("save_on_cpu", what, 1.02, model, step, quick)
 
 
 # -- row 3: shim overhead -----------------------------------------------------------------------------

@@ -102,18 +102,18 @@ def _overhead_rows(
     target: float,
     model: Any,
     step: Callable[[], None],
-    pairs: int,
-    warmup: int,
-    reps: int = 1,
+    quick: bool,
 ) -> list[Row]:
     """Two rows: steps inside an open trace (the capture's cost per step), and a whole `with
     hooktrace.trace()` block around one step (install, inventory, the final walk: the session's).
 
     The step row's samples are `reps` consecutive steps each (untraced, or inside one fresh trace),
     so that one sample lasts long enough for this VM's millisecond hiccups to average out; its pairs
-    are interleaved separately from the session row's.
+    are interleaved separately from the session row's. `quick`: fewer pairs and shorter samples.
     """
     import hooktrace
+
+    pairs, warmup, reps = (6, 2, 2) if quick else (40, 10, 5)
 
     for _ in range(warmup):
         step()
@@ -121,11 +121,11 @@ def _overhead_rows(
         with hooktrace.trace(model):
             step()
 
-    def untraced_steps() -> float:
+    def untraced_steps(n: int = reps) -> float:
         t0 = time.perf_counter()
-        for _ in range(reps):
+        for _ in range(n):
             step()
-        return (time.perf_counter() - t0) / reps
+        return (time.perf_counter() - t0) / n
 
     events = []
 
@@ -137,11 +137,6 @@ def _overhead_rows(
             t2 = time.perf_counter()
         events.append(len(session.trace.events) // reps)
         return (t2 - t1) / reps
-
-    def untraced() -> float:
-        t0 = time.perf_counter()
-        step()
-        return time.perf_counter() - t0
 
     builds = []
 
@@ -172,7 +167,7 @@ def _overhead_rows(
             "steps_per_sample": reps,
         },
     )
-    sessions = _interleaved(untraced, traced_session, pairs)
+    sessions = _interleaved(lambda: untraced_steps(1), traced_session, pairs)
     whole = Row(
         f"{key}_session",
         f"{what}: traced/untraced, whole `with hooktrace.trace()` around one step",
