@@ -227,12 +227,17 @@ def test_a_shallow_copy_sharing_the_hook_dicts_records_each_module_its_own_calls
     twin = copy.copy(first)
     assert twin._forward_hooks is first._forward_hooks
     m = nn.Sequential(first, twin, first)
+    x = torch.randn(2, 3)
+    plain = m(x)
+    untraced_seen = seen[:]
+    seen.clear()
     with hooktrace.trace(m) as t:
-        m(torch.randn(2, 3))
+        traced_out = m(x)
+    assert torch.equal(traced_out, plain) and seen == untraced_seen
     paths = {id(first): "0", id(twin): "1"}
     traced = [e.module for e in t.trace.events if e.type == "hook" and e.kind == "forward"]
     assert traced == [paths[i] for i in seen] == ["0", "1", "0"]
-    assert list(first._forward_hooks.values()) == [who]
+    assert twin._forward_hooks is first._forward_hooks and list(first._forward_hooks.values()) == [who]
 
 
 # -- another tool that wraps the same dicts --------------------------------------------------
