@@ -324,7 +324,7 @@ def run(
         from .target import load_factory
 
         factory = load_factory(target)  # before importing torch: a missing file is reported at once
-        from .capture.run import run as run_target
+        from .runs.factory import run as run_target
 
         result = run_target(factory, options, stop_signals=True)
         _output(result.trace, format, output, view)
@@ -359,8 +359,8 @@ def hooks(
 
         factory = load_factory(target)
         from .analysis.inventory import firing_order, group_modules
-        from .capture.run import inventory
         from .render.inventory import inventory_text
+        from .runs.factory import inventory
 
         found = inventory(factory)
     except UsageError as exc:

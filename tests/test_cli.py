@@ -283,8 +283,8 @@ def test_svg_without_dot_says_how_to_install(tmp_path: Path) -> None:
 
 
 def test_render_gives_the_same_picture_as_the_run(tmp_path: Path) -> None:
-    from hooktrace.capture.run import run
     from hooktrace.render import render
+    from hooktrace.runs.factory import run
     from hooktrace.target import load_factory
 
     result = run(load_factory(str(SAMPLES / "checkpoint_recompute.py")))

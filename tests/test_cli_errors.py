@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace.capture.run import run as run_target
 from hooktrace.cli import main
 from hooktrace.options import RunOptions, UsageError
+from hooktrace.runs.factory import run as run_target
 from hooktrace.target import Factory, load_factory
 
 from .test_cli import RUN_OPTS, SAMPLES, invoke, restore_global_hooks, script, write  # noqa: F401

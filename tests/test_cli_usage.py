@@ -111,7 +111,7 @@ def test_usage_errors_through_the_installed_script(tmp_path: Path) -> None:
         assert proc.stdout == "", args
 
 
-# -- naming the failure (hooktrace.capture.run.describe_error) ------------------------------------
+# -- naming the failure (hooktrace.runs.factory.describe_error) ------------------------------------
 
 
 def _ev(seq: int, type_: str, module: str | None, hook: int | None = None, kind: str | None = None,
@@ -120,7 +120,7 @@ def _ev(seq: int, type_: str, module: str | None, hook: int | None = None, kind:
 
 
 def test_describe_error_names_the_hook_then_the_innermost_module() -> None:
-    from hooktrace.capture.run import describe_error
+    from hooktrace.runs.factory import describe_error
 
     hooks = [
         Hook(id=7, kind="forward", scope="global", name="audit"),
@@ -190,7 +190,7 @@ def test_raising_backward_hook_exits_1_and_names_it(tmp_path: Path) -> None:
 
 def test_describe_error_of_a_hook_outside_any_module_names_no_module() -> None:
     """A tensor hook on an activation has no module: the line says where it ran, and nothing more."""
-    from hooktrace.capture.run import describe_error
+    from hooktrace.runs.factory import describe_error
 
     trace = Trace(
         hooks=[Hook(id=3, kind="grad", scope="tensor", tensor="tensor", name="Stop.on_grad")],

@@ -7,8 +7,8 @@ import torch.nn as nn
 from rich.console import Console
 
 from hooktrace.analysis.inventory import firing_order, group_modules
-from hooktrace.capture.run import inventory
 from hooktrace.render.inventory import inventory_text
+from hooktrace.runs.factory import inventory
 from hooktrace.schema import ROOT
 from hooktrace.target import Factory
 from tests.oracle import Zoo

@@ -8,8 +8,8 @@ import torch.nn as nn
 
 import hooktrace
 from hooktrace.analysis.surprises import find_surprises
-from hooktrace.capture.run import run
 from hooktrace.options import RunOptions
+from hooktrace.runs.factory import run
 from hooktrace.target import Factory
 from tests.oracle import Zoo
 

@@ -186,7 +186,9 @@ def test_registered_by_is_never_the_cli_framework(tmp_path, monkeypatch):
 
 def test_frame_classes():
     assert sites._frame_class(sites.__file__) == sites.PLUMBING
-    assert sites._frame_class(os.path.join(os.path.dirname(sites.__file__), "run.py")) == sites.DRIVER
+    runs = os.path.join(os.path.dirname(hooktrace.__file__), "runs")
+    assert sites._frame_class(os.path.join(runs, "factory.py")) == sites.DRIVER
+    assert sites._frame_class(os.path.join(runs, "script.py")) == sites.DRIVER
     assert sites._frame_class(os.path.join(os.path.dirname(hooktrace.__file__), "cli.py")) == sites.DRIVER
     assert sites._frame_class("<hooktrace-shim-3>") == sites.PLUMBING
     assert sites._frame_class("<stdin>") == sites.USER

@@ -182,14 +182,13 @@ _WRAPPER_FILES = ("typing_extensions.py", "functools.py", "contextlib.py", "warn
 
 
 _CAPTURE_DIR = os.path.join(_HOOKTRACE_DIR, "capture") + os.sep
-_DRIVERS = (os.path.join(_CAPTURE_DIR, "run.py"),)
 USER, LIBRARY, PLUMBING, DRIVER = 0, 1, 2, 3
 
 
 def _frame_class(filename: str) -> int:
     """USER code, LIBRARY (torch or a pass-through wrapper), PLUMBING (PyTorch's registration code,
-    hooktrace's capture and shims), or DRIVER (hooktrace's CLI and run driver: what called it is not
-    the user's code that led to a registration but the CLI framework)."""
+    hooktrace's capture and shims), or DRIVER (the rest of hooktrace: the CLI and the drivers in
+    `runs/`; what called them is not the user's code that led to a registration but the CLI framework)."""
     return _frame_class_in(filename, os.getcwd() if not os.path.isabs(filename) else "")
 
 
@@ -199,7 +198,7 @@ def _frame_class_in(filename: str, cwd: str) -> int:
         return PLUMBING if filename.startswith("<hooktrace") else USER
     path = os.path.normpath(os.path.join(cwd, filename))
     if path.startswith(_HOOKTRACE_DIR):
-        if path.startswith(_CAPTURE_DIR) and not path.startswith(_DRIVERS):
+        if path.startswith(_CAPTURE_DIR):
             return PLUMBING
         return DRIVER
     if path.startswith(_PLUMBING):

@@ -85,7 +85,7 @@ def _check_target(target: str) -> None:
 
 
 def _plain(options: Any) -> dict[str, Any]:
-    """The run options (keyword arguments of `hooktrace.capture.run.run`) as JSON for the workers."""
+    """The run options (keyword arguments of `hooktrace.runs.factory.run`) as JSON for the workers."""
     if options is None:
         return {}
     if dataclasses.is_dataclass(options) and not isinstance(options, type):
@@ -117,7 +117,7 @@ def run_ranks(
     `out` is the `-o` path: rank r writes `rank_trace_path(out, r)` (`run.json` -> `run.rank0.json`,
     `run.json.gz` -> `run.rank0.json.gz`), each atomically; earlier files at those paths stay as
     they were until a rank replaces its own. Without `out` the traces are read and not kept.
-    `options`: the single-process run options, passed unchanged to `hooktrace.capture.run.run` on
+    `options`: the single-process run options, passed unchanged to `hooktrace.runs.factory.run` on
     every rank (a mapping or a dataclass of its keyword arguments).
 
     `timeout` (seconds, > 0): the longest any rank may go without progress — progress being the

@@ -2,7 +2,7 @@
 
 The rank reads RANK / WORLD_SIZE / LOCAL_RANK and MASTER_ADDR / MASTER_PORT as PyTorch's launcher
 sets them, joins the default process group through the launcher's TCPStore (gloo on CPU, nccl for
-CUDA), runs the ordinary single-process driver (`hooktrace.capture.run.run`, with the run options
+CUDA), runs the ordinary single-process driver (`hooktrace.runs.factory.run`, with the run options
 the CLI parsed, passed through unchanged) and writes its trace with `meta.rank` / `meta.world_size`.
 
 What it tells the launcher:
@@ -155,8 +155,8 @@ def _rank(job: dict[str, Any]) -> None:
 
     import torch.distributed as dist
 
-    from ..capture.run import run
     from ..options import RunOptions
+    from ..runs.factory import run
     from ..target import load_factory
 
     reports.progress("loading")

@@ -7,16 +7,17 @@ Also the hook inventory for `hooktrace hooks`: the factory is called inside a ca
 from __future__ import annotations
 
 import signal
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ..capture.dicts import live_hook_ids
+from ..capture.session import TraceSession
 from ..inputs import Prepared, coerce_result, compute_loss, prepare, resolve_device
 from ..options import RunOptions, UsageError
-from ..schema import Event, Hook, Trace, is_internal_error
+from ..schema import Trace
 from ..target import Factory
-from .dicts import live_hook_ids
-from .session import TraceSession
+from .failure import describe_error, failing_event
+from .stop import Stopped, StopSignals
 
 
 @dataclass
@@ -30,44 +31,6 @@ class RunResult:
     exception: Optional[BaseException] = None
     notes: list[str] = field(default_factory=list)
     stopped_by: Optional[signal.Signals] = None
-
-
-class Stopped(BaseException):
-    """Raised in the run by SIGINT / SIGTERM: like KeyboardInterrupt, not an error of the model."""
-
-    def __init__(self, signum: int) -> None:
-        self.signal = signal.Signals(signum)
-        super().__init__(f"{self.signal.name} (the run was stopped)")
-
-
-class _StopSignals:
-    """SIGINT and SIGTERM raise `Stopped` while `armed` (the factory and the steps run); otherwise,
-    e.g. while the capture restores the hook dicts, they are only remembered in `pending`."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and threading.current_thread() is threading.main_thread()
-        self.armed = False
-        self.pending: Optional[int] = None
-        self._saved: dict[int, Any] = {}
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if self.armed:
-            self.armed = False
-            raise Stopped(signum)
-        if self.pending is None:
-            self.pending = signum
-
-    def __enter__(self) -> _StopSignals:
-        if self.enabled:
-            for sig in self.SIGNALS:
-                self._saved[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, previous in self._saved.items():
-            signal.signal(sig, previous)
 
 
 def _call_factory(factory: Factory) -> Any:
@@ -119,7 +82,7 @@ def run(
     exception: Optional[BaseException] = None
     stopped: Optional[int] = None
     progress = _Progress()
-    with factory.on_sys_path(), _StopSignals(stop_signals) as signals:
+    with factory.on_sys_path(), StopSignals(stop_signals) as signals:
         with TraceSession(target=factory.spec) as t:
             signals.armed = True
             try:
@@ -228,52 +191,6 @@ def _step(prepared: Prepared, backward: bool, notes: list[str], progress: _Progr
         progress.stage = "optimizer"
         prepared.optimizer.step()
         prepared.optimizer.zero_grad()
-
-
-# -- naming the failure -----------------------------------------------------------------------------
-
-
-def _module_words(path: Optional[str]) -> str:
-    if path is None:
-        return "outside any module"
-    return "the root module" if path == "" else f"module '{path}'"
-
-
-def failing_event(trace: Trace, exception: Optional[BaseException] = None) -> Optional[Event]:
-    """The event where the run failed: the first hook that raised, else the innermost module exit.
-
-    Events whose error matches the exception that ended the run are preferred, so an exception the
-    model raised and caught itself earlier does not take the blame.
-    """
-    errored = [e for e in trace.events if e.error and not (e.type == "exit" and is_internal_error(e.error))]
-    if exception is not None:
-        text = f"{type(exception).__name__}: {exception}"
-        matching = [e for e in errored if e.error == text]
-        errored = matching or errored
-    for e in errored:
-        if e.type in ("hook", "exit"):
-            return e
-    return None
-
-
-def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
-    """One line naming the module path, the hook (if any) and the exception."""
-    exc_text = f"{type(exception).__name__}: {exception}" if exception is not None else None
-    event = failing_event(trace, exception)
-    if event is None:
-        return f"the run raised {exc_text} outside any traced module or hook"
-    error = exc_text or event.error
-    if event.type == "hook" and event.hook is not None:
-        try:
-            hook: Optional[Hook] = trace.hook(event.hook)
-        except KeyError:
-            hook = None
-        name = hook.name if hook else f"#{event.hook}"
-        scope = f"{hook.scope} " if hook and hook.scope != "module" else ""
-        of = f" of {_module_words(event.module)}" if event.module is not None else ""
-        return f"{scope}{event.kind} hook {name} raised {error} in {event.phase}{of} (event #{event.seq}, step {event.step})"
-    where = f"(event #{event.seq}, step {event.step})"
-    return f"{_module_words(event.module)} raised {error} in {event.phase} {where}"
 
 
 # -- inventory (`hooktrace hooks`) ----------------------------------------------------------------
