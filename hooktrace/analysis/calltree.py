@@ -21,11 +21,12 @@ Everything is linear in the number of events, and no recursion (deep models are 
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from typing import Any, Callable, Iterator, Optional, Union
 
+from ..kinds import ENTER, EXIT
 from ..schema import Event, Hook, Trace
+from .calls import Call, in_order, pair
 
 __all__ = [
     "CallTree",
@@ -146,7 +147,7 @@ class _PhaseBuilder:
         while stack and not stack[-1].opened and not contains(stack[-1].module, module):
             stack.pop()
 
-    def enter(self, e: Event) -> None:
+    def enter(self, e: Event) -> Node:
         stack = self.stacks.setdefault(e.thread, [])
         self._close_groups(stack, e.module)
         top = stack[-1] if stack else None
@@ -154,24 +155,30 @@ class _PhaseBuilder:
             # hooks of this module were seen before its enter: that group is this call
             top.kind, top.opened = "call", True
             top.start_ns, top.duration_ns = e.start_ns, e.duration_ns
-            return
+            return top
         node = Node("call", e, e.module)
         (top or self.root).children.append(node)
         stack.append(node)
+        return node
 
-    def exit(self, e: Event) -> None:
-        stack = self.stacks.setdefault(e.thread, [])
+    def close(self, node: Node, thread: int, e: Event, own: bool) -> None:
+        """`e` ends the call `node` (its own exit when `own`, else an outer call's: see calls.py)."""
+        stack = self.stacks.setdefault(thread, [])
         for i in range(len(stack) - 1, -1, -1):
-            node = stack[i]
-            if node.opened and node.module == e.module:
+            if stack[i] is node:
                 del stack[i:]
-                node.opened = False
-                node.last_seq = e.seq
-                node.error = e.error
-                if not node.duration_ns:
-                    node.duration_ns = max(0, e.start_ns - node.start_ns)
-                return
-        if e.error is not None:  # an exit without its enter still shows its exception
+                break
+        node.opened = False
+        if own:
+            node.last_seq = e.seq
+            node.error = e.error
+            if not node.duration_ns:
+                node.duration_ns = max(0, e.start_ns - node.start_ns)
+
+    def unmatched_exit(self, e: Event) -> None:
+        """An exit without its enter still shows its exception."""
+        if e.error is not None:
+            stack = self.stacks.setdefault(e.thread, [])
             node = Node("call", e, e.module)
             node.opened = False
             node.error = e.error
@@ -232,13 +239,6 @@ def module_of(e: Event, hook_of: Callable[[Optional[int]], Optional[Hook]]) -> O
     return h.module if h is not None else None
 
 
-def _ordered(events: list[Event]) -> list[Event]:
-    seqs = [e.seq for e in events]
-    if all(map(operator.lt, seqs, seqs[1:])):
-        return events
-    return sorted(events, key=operator.attrgetter("seq"))  # stable: duplicate seqs keep file order
-
-
 def build(
     trace: Trace,
     *,
@@ -251,12 +251,24 @@ def build(
     phase: only this phase. expand: list pack/unpack events one by one. show_empty: keep calls
     where no hook fired."""
     hook_of = hook_lookup(trace)
+    events = in_order(trace.events)
+    ends: dict[int, list[Call]] = {}  # exit seq -> the calls it ends, its own first
+    for c in sorted(pair(events), key=lambda c: c.exit is None):
+        if c.end is not None:
+            ends.setdefault(c.end, []).append(c)
+    opened: dict[int, tuple[_PhaseBuilder, Node]] = {}  # enter seq -> its call's node
     steps: dict[int, Node] = {}
     builders: dict[tuple[int, str], _PhaseBuilder] = {}
     kept: list[Event] = []
     key: Any = None
     b: Optional[_PhaseBuilder] = None
-    for e in _ordered(trace.events):
+    for e in events:
+        if e.type == EXIT:  # whatever the filters keep, the calls it ends are closed
+            ending = ends.get(e.seq, ())
+            for c in ending:
+                found = opened.pop(c.enter, None)
+                if found is not None:
+                    found[0].close(found[1], c.thread, e, c.exit == e.seq)
         if phase is not None and e.phase != phase:
             continue
         mod = module_of(e, hook_of)
@@ -274,10 +286,11 @@ def build(
                 step.children.append(ph)
                 b = builders[key] = _PhaseBuilder(ph)
         assert b is not None
-        if e.type == "enter":
-            b.enter(e)
-        elif e.type == "exit":
-            b.exit(e)
+        if e.type == ENTER:
+            opened[e.seq] = (b, b.enter(e))
+        elif e.type == EXIT:
+            if not ending or ending[0].exit != e.seq:
+                b.unmatched_exit(e)
         else:
             b.hook(e, mod)
     shapes = _Shapes(trace, hook_of, expand=expand, show_empty=show_empty)

@@ -1,62 +1,13 @@
-"""What the events say about calls: module calls (enter..exit) and firings of one hook list.
+"""What the events say about hook lists: firings of one hook list, and whose hooks they are.
 
 Pure functions of a Trace, shared by the surprise rules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from ..schema import Event, Hook, Trace, is_internal_error
-
-
-@dataclass(frozen=True)
-class Call:
-    """One module call: its `enter` and `exit` events (exit None when the trace ended inside it)."""
-
-    module: Optional[str]
-    step: int
-    phase: str
-    thread: int
-    enter: int  # seq
-    exit: Optional[int]  # seq
-    error: Optional[str]  # the exit event's error
-
-    def holds(self, e: Event) -> bool:
-        """The event happened inside this call (on its thread)."""
-        return e.thread == self.thread and self.enter < e.seq and (self.exit is None or e.seq < self.exit)
-
-    @property
-    def raised(self) -> bool:
-        """The call ended with an exception of the model or a hook (not checkpoint's own stop)."""
-        return bool(self.error) and not is_internal_error(self.error)
-
-    @property
-    def stopped(self) -> bool:
-        """PyTorch stopped it itself (checkpoint's `_StopRecomputationError`)."""
-        return is_internal_error(self.error)
-
-
-def module_calls(trace: Trace) -> list[Call]:
-    """Every module call, in the order the calls began; enter/exit are paired per thread."""
-    open_calls: dict[int, list[Event]] = {}
-    done: list[Call] = []
-    for e in trace.events:
-        if e.type == "enter":
-            open_calls.setdefault(e.thread, []).append(e)
-        elif e.type == "exit":
-            stack = open_calls.get(e.thread)
-            while stack:
-                start = stack.pop()
-                if start.module == e.module:
-                    done.append(Call(e.module, start.step, start.phase, e.thread, start.seq, e.seq, e.error))
-                    break
-                done.append(Call(start.module, start.step, start.phase, start.thread, start.seq, None, None))
-    for stack in open_calls.values():
-        done.extend(Call(s.module, s.step, s.phase, s.thread, s.seq, None, None) for s in stack)
-    done.sort(key=lambda c: c.enter)
-    return done
+from ..schema import Event, Hook, Trace
 
 
 def firings(trace: Trace) -> list[list[Event]]:

@@ -24,7 +24,8 @@ from ..kinds import (
     TENSOR,
 )
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
-from .firings import Call, is_library_hook, module_calls, plural
+from .calls import Call, calls
+from .firings import is_library_hook, plural
 
 CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 NOT_ASKED = "info"  # hooks of calls nobody made (state_dict(), registrations): not surprising
@@ -78,7 +79,7 @@ class _Facts:
                 facts.backward_steps.add(e.step)
             if e.error and (e.type == "hook" or (e.type == "exit" and not is_internal_error(e.error))):
                 facts.errors.append(e)
-        facts.calls = module_calls(trace)
+        facts.calls = calls(trace)
         facts.types = {m.path: m.type for m in trace.modules}
         return facts
 
@@ -248,7 +249,7 @@ def _gradient_inside(facts: _Facts, module: str, steps: set) -> list[str]:
                 c for c in facts.calls if c.module == e.module and c.phase == "forward" and c.step == e.step
             ]
             if inner and all(
-                any(o.enter < c.enter and (o.exit or 1 << 62) > c.enter for o in outer) for c in inner
+                any(o.enter < c.enter and (o.end or 1 << 62) > c.enter for o in outer) for c in inner
             ):
                 found.append(f"{_where(e.module)} ({_label(other)})")
         elif (

@@ -7,12 +7,16 @@ nobody asked for); `split_levels` separates them for renderers.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
+from itertools import islice
 from typing import Callable, Iterable, Optional
 
-from ..kinds import FORWARD_KINDS, GLOBAL, MODULE, NODE, SAVED_TENSORS, TENSOR, TENSOR_KINDS
+from ..kinds import EXIT, FORWARD_KINDS, GLOBAL, HOOK, MODULE, NODE, SAVED_TENSORS, TENSOR, TENSOR_KINDS
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
-from .firings import firings, hook_of, level_of, module_calls, plural
+from .calls import Call, in_order
+from .calls import calls as module_calls
+from .firings import firings, hook_of, level_of, plural
 from .identity import identity
 from .never_fired import never_fired
 from .training import forward_wrapper, step_in_grad_hook
@@ -258,17 +262,25 @@ def legacy_backward(trace: Trace) -> list[Surprise]:
 
 def hook_error(trace: Trace) -> list[Surprise]:
     out = []
-    events = trace.events
+    events = in_order(trace.events)
+    seqs: list[int] = []
+    calls: list[Call] = []
     for e in events:
         if e.type != "hook" or not e.error or is_internal_error(e.error):
             continue
         hook = hook_of(trace, e.hook)
         name = label(hook) if hook else f"hook #{e.hook}"
+        if not seqs:
+            seqs, calls = [x.seq for x in events], module_calls(trace)
+        # the rest of the call the hook raised in: its module's innermost call holding it
+        call = next((c for c in reversed(calls) if c.module == e.module and c.holds(e)), None)
         still: list[Event] = []
-        for later in events[e.seq + 1 :]:
-            if later.module == e.module and later.type == "exit":
+        for later in islice(events, bisect.bisect_right(seqs, e.seq), None):
+            if call is not None and call.end is not None and later.seq >= call.end:
                 break
-            if later.type == "hook" and later.module == e.module and later.kind == "forward":
+            if call is None and later.module == e.module and later.type == EXIT:
+                break
+            if later.type == HOOK and later.module == e.module and later.kind == "forward":
                 other = hook_of(trace, later.hook)
                 if other is not None and other.always_call:
                     still.append(later)

@@ -17,7 +17,8 @@ from typing import Optional
 
 from ..kinds import OPTIMIZER_PHASE, TENSOR
 from ..schema import ROOT, Event, Hook, Surprise, Trace
-from .firings import hook_of, level_of, module_calls, plural
+from .calls import calls as module_calls
+from .firings import hook_of, level_of, plural
 
 
 def _where(path: Optional[str]) -> str:

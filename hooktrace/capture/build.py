@@ -139,7 +139,10 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
 
     starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
     step = 0
-    open_calls: dict[int, list[tuple[str, Optional[str]]]] = {}  # thread -> (phase, path) of open calls
+    # thread -> (phase, path) of open calls. The capture records each call whole (enter, leave) on
+    # its thread's stack of Python frames, so a leave is always its thread's innermost open call:
+    # no pairing by module here (that is analysis.calls', for events read from any trace).
+    open_calls: dict[int, list[tuple[str, Optional[str]]]] = {}
     new = tuple.__new__  # Event's fields in order, without NamedTuple's Python-level __new__
     events: list[Event] = []
     add = events.append

@@ -16,24 +16,12 @@ import re
 from dataclasses import asdict
 from typing import Any, Optional
 
+from ..analysis.calls import in_order, pair
 from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
 
 
 def _us(ns: int) -> float:
     return ns / 1000.0
-
-
-def _module_calls(events: list[Event]) -> dict[int, Event]:
-    """enter seq -> its matching exit event (same thread and module, innermost open call)."""
-    stacks: dict[tuple[int, Optional[str]], list[Event]] = {}
-    matched: dict[int, Event] = {}
-    for e in events:
-        key = (e.thread, e.module)
-        if e.type == "enter":
-            stacks.setdefault(key, []).append(e)
-        elif e.type == "exit" and stacks.get(key):
-            matched[stacks[key].pop().seq] = e
-    return matched
 
 
 def _hook_event(e: Event, h: Optional[Hook], pid: int, tid: int) -> dict[str, Any]:
@@ -72,7 +60,10 @@ def _hook_event(e: Event, h: Optional[Hook], pid: int, tid: int) -> dict[str, An
     }
 
 
-def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int, tid: int) -> dict[str, Any]:
+def _call_event(
+    e: Event, end: Optional[Event], own: bool, mtype: Optional[str], pid: int, tid: int
+) -> dict[str, Any]:
+    """`end`: the exit that ended the call (`own`: its own exit, else an outer call's; calls.py)."""
     duration = e.duration_ns
     if not duration and end is not None:
         duration = max(0, end.start_ns - e.start_ns)
@@ -92,9 +83,9 @@ def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int, 
             "phase": e.phase,
             "step": e.step,
             "seq": e.seq,
-            "exit_seq": end.seq if end is not None else None,
-            "error": end.error if end is not None else None,
-            "stopped_by_pytorch": is_internal_error(end.error) if end is not None else False,
+            "exit_seq": end.seq if own and end is not None else None,
+            "error": end.error if own and end is not None else None,
+            "stopped_by_pytorch": is_internal_error(end.error) if own and end is not None else False,
             "thread": e.thread,
         },
     }
@@ -103,11 +94,11 @@ def _call_event(e: Event, end: Optional[Event], mtype: Optional[str], pid: int, 
 def chrome_events(trace: Trace) -> list[dict[str, Any]]:
     """The `traceEvents` list: metadata first, then spans in `seq` order, then surprises."""
     pid = trace.meta.rank if trace.meta.rank is not None else 0
-    events = sorted(trace.events, key=lambda ev: ev.seq)
+    events = in_order(trace.events)
     types = {m.path: m.type for m in trace.modules}
     hooks = {h.id: h for h in trace.hooks}
-    calls = _module_calls(events)
     by_seq = {e.seq: e for e in events}
+    by_enter = {c.enter: c for c in pair(events)}
 
     title = f"hooktrace {trace.meta.target}" if trace.meta.target else "hooktrace"
     if trace.meta.rank is not None:
@@ -126,13 +117,16 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
         out.append(
             {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
         )
-    exits_with_enter = {x.seq for x in calls.values()}
+    exits_with_enter = {c.exit for c in by_enter.values()}
     for e in events:
         if e.type == "hook":
             hook = hooks.get(e.hook) if e.hook is not None else None
             out.append(_hook_event(e, hook, pid, tids[e.thread]))
         elif e.type == "enter":
-            out.append(_call_event(e, calls.get(e.seq), types.get(e.module or ""), pid, tids[e.thread]))
+            call = by_enter.get(e.seq)
+            end = by_seq[call.end] if call is not None and call.end is not None else None
+            own = call is not None and call.exit is not None
+            out.append(_call_event(e, end, own, types.get(e.module or ""), pid, tids[e.thread]))
         elif e.error is not None and e.seq not in exits_with_enter:
             # an exit whose enter was not recorded still shows its exception, as an instant
             out.append(
