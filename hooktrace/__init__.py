@@ -6,6 +6,7 @@ Public API (SPEC §3)::
     with hooktrace.trace(model) as t:
         model(x).sum().backward()
     t.to_dict(); t.save("run.json"); hooktrace.load("run.json")
+    hooktrace.diff("golden.txt", t).equal; hooktrace.assert_order(t, "golden.txt")
 
 Importing this package does not import torch; `trace()` does.
 """
@@ -19,9 +20,20 @@ from .inputs import Inputs, Target
 from .schema import Trace, TraceFormatError, load
 
 if TYPE_CHECKING:
+    from .analysis.diff import TraceDiff
     from .capture import TraceSession
 
-__all__ = ["trace", "load", "tree_text", "Trace", "TraceFormatError", "Target", "Inputs"]
+__all__ = [
+    "trace",
+    "load",
+    "diff",
+    "assert_order",
+    "tree_text",
+    "Trace",
+    "TraceFormatError",
+    "Target",
+    "Inputs",
+]
 __version__ = "0.1.0"
 
 
@@ -34,6 +46,23 @@ def trace(model: Optional[Any] = None, *, target: Optional[str] = None) -> Trace
     from .capture import TraceSession
 
     return TraceSession(model, target=target)
+
+
+def diff(a: Any, b: Any) -> TraceDiff:
+    """How the hook order of `b` differs from `a` (the expected one). Each is a `Trace`, a session,
+    a path (a saved trace or an order file) or order text. The result has `.equal`,
+    `.differences` (moved, removed, added, ... hooks, each naming where) and a readable `str()`."""
+    from .compare import compare
+
+    return compare(a, b)
+
+
+def assert_order(observed: Any, expected: Any) -> None:
+    """Raise AssertionError, with `diff`'s summary and the unified diff of the order lines, unless
+    `observed` (a Trace, a session, a path or order text) has the hook order of `expected`."""
+    from .compare import assert_order as check
+
+    check(observed, expected)
 
 
 def tree_text(trace: Any, **options: Any) -> str:

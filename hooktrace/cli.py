@@ -29,11 +29,12 @@ from .options import (
 )
 
 if TYPE_CHECKING:
+    from .compare import Side
     from .schema import Trace
 
 PIPE_WIDTH = 120
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
-FORMATS = ("tree", "json", "dot", "svg", "chrome")
+FORMATS = ("tree", "json", "dot", "svg", "chrome", "order")
 
 
 def _show_version(value: bool) -> None:
@@ -71,7 +72,7 @@ FORMAT_OPT = typer.Option(
     "--format",
     "-f",
     metavar="FORMAT",
-    help="tree|json|dot|svg|chrome; default: from the -o extension, else tree.",
+    help="tree|json|dot|svg|chrome|order; default: from the -o extension, else tree.",
 )
 OUTPUT_OPT = typer.Option(
     None, "--output", "-o", metavar="PATH", help="Write to this file instead of the terminal."
@@ -122,7 +123,9 @@ def _console(**options: Any) -> Any:
     return console
 
 
-def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict[str, Any]) -> None:
+def _output(
+    trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict[str, Any], quiet: bool = False
+) -> None:
     """Render to the terminal (tree: rich, colour when it is a terminal) or write to `output`.
 
     Display options the chosen format does not take are named in a `note:` and not applied."""
@@ -158,7 +161,8 @@ def _output(trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict
         sys.stdout.flush()
         return
     _write(trace, output, data)
-    _stderr(f"wrote {output} ({chosen}: {len(trace.hooks)} hooks, {len(trace.events)} events)")
+    if not quiet:
+        _stderr(f"wrote {output} ({chosen}: {len(trace.hooks)} hooks, {len(trace.events)} events)")
 
 
 def _write(trace: Trace, output: Path, data: Any) -> None:
@@ -205,18 +209,39 @@ def _load_trace(path: Path) -> Trace:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
-def _compare(
-    expected: Trace, observed: Trace, expected_name: str, observed_name: str, *, check: bool
-) -> bool:
-    """Print the ordering differences; True when the orders are equal.
+def _load_side(path: Path) -> Side:
+    """A saved trace or an order file (`--check`, `diff`)."""
+    from .compare import OrderFormatError, read_file
+    from .schema import TraceFormatError
+
+    if not path.exists():
+        raise UsageError(
+            f"file not found: {path}; write a trace with hooktrace run TARGET -o {path.stem}.json "
+            f"or an order file with -o {path.stem}.txt"
+        )
+    try:
+        return read_file(path)
+    except OrderFormatError as exc:
+        raise UsageError(f"cannot read {exc}; give a trace (.json) or an order file (-f order)") from exc
+    except TraceFormatError as exc:
+        raise UsageError(
+            f"cannot read {path}: {exc}; give a trace written by hooktrace run -o FILE.json"
+        ) from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _compare(expected: Side, observed: Side, *, check: bool, quiet: bool = False) -> bool:
+    """Print the ordering differences; True when the orders are equal. `quiet`: nothing when equal.
 
     `diff` prints to stdout; `run --check` to stderr, as its stdout may hold a JSON trace."""
-    from .analysis.diff import diff_traces
+    from .compare import compare_sides
 
     stream = sys.stderr if check else sys.stdout
-    result = diff_traces(expected, observed)
+    result = compare_sides(expected, observed)
     if result.equal:
-        print(f"same hook order: {expected_name} and {observed_name}", file=stream)
+        if not quiet:
+            print(f"same hook order: {expected.name} and {observed.name}", file=stream)
         return True
     print(result.summary(), file=stream)
     return False
@@ -229,10 +254,10 @@ def _run_ranks(
     options: RunOptions,
     fmt: Optional[str],
     output: Optional[Path],
-    golden: Optional[Trace],
-    check: Optional[Path],
+    golden: Optional[Side],
     view: dict[str, Any],
     show_traceback: bool = False,
+    quiet: bool = False,
 ) -> int:
     """`--nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
     from .ranks import DEFAULT_TIMEOUT, run_ranks
@@ -259,7 +284,10 @@ def _run_ranks(
                 _stderr(f"rank {failed.rank} ({failed.state}):\n{failed.traceback.rstrip()}")
     code = ranks.exit_code
     if golden is not None and ranks.shown is not None:
-        if not _compare(golden, ranks.shown, str(check), f"rank {ranks.show_rank}", check=True):
+        from .compare import Side
+
+        shown = Side(ranks.shown, False, f"rank {ranks.show_rank}")
+        if not _compare(golden, shown, check=True, quiet=quiet):
             code = max(code, EXIT_DIFFERENT)
     return code
 
@@ -285,7 +313,13 @@ def run(
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
     check: Optional[Path] = typer.Option(
-        None, "--check", metavar="GOLDEN.json", help="Exit 1 unless the order equals this trace."
+        None,
+        "--check",
+        metavar="GOLDEN.json|GOLDEN.txt",
+        help="Exit 1 unless the order equals this saved trace or order file.",
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="With --check: print only the differences (nothing when equal)."
     ),
     nproc: Optional[int] = typer.Option(
         None, "--nproc", metavar="N", min=1, help="Ranks to launch (one trace each)."
@@ -317,9 +351,11 @@ def run(
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
         if nproc is None and (rank is not None or timeout is not None):
             raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
-        golden = _load_trace(check) if check is not None else None
+        if quiet and check is None:
+            raise UsageError("-q goes with --check GOLDEN; add --check or drop -q")
+        golden = _load_side(check) if check is not None else None
         if nproc is not None:
-            code = _run_ranks(target, nproc, rank, options, format, output, golden, check, view, traceback)
+            code = _run_ranks(target, nproc, rank, options, format, output, golden, view, traceback, quiet)
             raise typer.Exit(code)
         from .target import load_factory
 
@@ -327,7 +363,8 @@ def run(
         from .runs.factory import run as run_target
 
         result = run_target(factory, options, stop_signals=True)
-        _output(result.trace, format, output, view)
+        if not (quiet and output is None):
+            _output(result.trace, format, output, view, quiet)
     except UsageError as exc:
         _fail(exc, traceback)
     for note in result.notes:
@@ -339,8 +376,11 @@ def run(
             _traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         _stderr(f"run failed: {result.error}")
         code = EXIT_DIFFERENT
-    if golden is not None and not _compare(golden, result.trace, str(check), target, check=True):
-        code = EXIT_DIFFERENT
+    if golden is not None:
+        from .compare import Side
+
+        if not _compare(golden, Side(result.trace, False, target), check=True, quiet=quiet):
+            code = EXIT_DIFFERENT
     if result.stopped_by is not None:
         _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
         code = 128 + result.stopped_by.value
@@ -393,16 +433,19 @@ def render(
 
 @app.command()
 def diff(
-    a: Path = typer.Argument(..., metavar="A.json", help="The expected trace."),
-    b: Path = typer.Argument(..., metavar="B.json", help="The trace to compare with it."),
+    a: Path = typer.Argument(..., metavar="A", help="The expected order: a saved trace or an order file."),
+    b: Path = typer.Argument(..., metavar="B", help="The order to compare with it (the same kinds of file)."),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="Print only the differences (nothing when equal)."
+    ),
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
-    """Ordering differences between two saved traces; exit 1 when they differ."""
+    """Ordering differences between two saved traces or order files; exit 1 when they differ."""
     try:
-        first, second = _load_trace(a), _load_trace(b)
+        first, second = _load_side(a), _load_side(b)
     except UsageError as exc:
         _fail(exc, traceback)
-    raise typer.Exit(EXIT_OK if _compare(first, second, str(a), str(b), check=False) else EXIT_DIFFERENT)
+    raise typer.Exit(EXIT_OK if _compare(first, second, check=False, quiet=quiet) else EXIT_DIFFERENT)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -238,11 +238,11 @@ def test_many_changes_in_a_long_list_are_each_explained_in_place() -> None:
 
 
 def test_long_differing_stretches_fall_back_to_pairing_calls(monkeypatch: Any) -> None:
-    """Past Myers' edit budget and the table's size, k-th calls are paired: still a valid report."""
-    from hooktrace.analysis import diff as D
+    """Past Myers' edit budget, k-th calls are paired: still a valid report."""
+    from hooktrace.analysis import align
 
-    monkeypatch.setattr(D, "LCS_MAX_EDITS", 0)
-    monkeypatch.setattr(D, "LCS_TABLE_CELLS", 0)
+    monkeypatch.setattr(align, "LCS_MAX_EDITS", 0)
+    monkeypatch.setattr(align, "LCS_WORK", 0)
     b = Builder(("fc", "Linear"))
     hs = [b.hook("forward_pre", "fc", name) for name in "abcdef"]
     b.enter("fc")
@@ -258,7 +258,7 @@ def test_long_differing_stretches_fall_back_to_pairing_calls(monkeypatch: Any) -
 def test_longest_common_subsequence_variants_agree_with_brute_force() -> None:
     import random
 
-    from hooktrace.analysis import diff as D
+    from hooktrace.analysis import align as D
 
     def lcs_length(a: list[int], b: list[int]) -> int:
         row = [0] * (len(b) + 1)
@@ -285,11 +285,11 @@ def test_longest_common_subsequence_variants_agree_with_brute_force() -> None:
         else:
             b = [rng.randrange(alphabet) for _ in range(rng.randint(0, 25))]
         best = lcs_length(a, b)
-        for pairs in (D._lcs_table(a, b), D._lcs_myers(a, b, 50), D._lcs(a, b)):  # type: ignore[arg-type]
+        for pairs in (D.lcs_myers(a, b, 50), D.lcs(a, b)):  # type: ignore[arg-type]
             assert pairs is not None and len(pairs) == best and common(a, b, pairs)
-        capped = D._lcs_myers(a, b, 2)  # type: ignore[arg-type]
+        capped = D.lcs_myers(a, b, 2)  # type: ignore[arg-type]
         assert capped is None or len(capped) == best
-        paired = D._lcs_by_occurrence(a, b)  # type: ignore[arg-type]
+        paired = D.pair_by_occurrence(a, b)  # type: ignore[arg-type]
         assert common(a, b, paired) and len(paired) <= best
         if len(set(a)) == len(a) and len(set(b)) == len(b):
             assert len(paired) == best  # exact when nothing repeats

@@ -347,7 +347,7 @@ def test_every_renderer_on_real_traces(fmt: str, tmp_path: Path) -> None:
 
 
 def test_registry_metadata() -> None:
-    assert list(RENDERERS) == ["tree", "json", "dot", "svg", "chrome"]
+    assert list(RENDERERS) == ["tree", "json", "dot", "svg", "chrome", "order"]
     for name, r in RENDERERS.items():
         assert r.name == name and r.extension.startswith(".") and isinstance(r.binary, bool) and r.description
         assert callable(r.function())
@@ -372,6 +372,8 @@ def test_json_renderer_is_the_trace_format(tmp_path: Path) -> None:
         ("dir.v2/OUT.SVG", None, "svg"),
         ("out.json", "chrome", "chrome"),
         ("out.txt", "tree", "tree"),
+        ("out.txt", None, "order"),
+        ("OUT.TXT", None, "order"),
         (None, "dot", "dot"),
     ],
 )
@@ -379,7 +381,7 @@ def test_format_for_path(path: Optional[str], fmt: Optional[str], expected: str)
     assert format_for_path(path, fmt) == expected
 
 
-@pytest.mark.parametrize("path", ["out.txt", "out", "out.trace", "trace.svg.gz", "trace.gz"])
+@pytest.mark.parametrize("path", ["out.text", "out", "out.trace", "trace.svg.gz", "trace.gz"])
 def test_format_for_path_needs_format_for_other_extensions(path: str) -> None:
     with pytest.raises(RenderError, match="--format"):
         format_for_path(path, None)

@@ -2,30 +2,31 @@
 
 Hooks are compared by what they are, not by run-specific values (`identity.HookKey`: scope,
 module, tensor, kind, name, and an occurrence index among equal identities in registration order),
-and its calls are compared per (step, phase, module
-the call was for, kind). Times, handle ids, threads and file paths are ignored. A difference is a
-hook added, removed, moved, fired a different number of times, or whose flags or scope changed.
+and its calls are compared per (step, phase, module the call was for, kind). Times, handle ids,
+threads and file paths are ignored. A difference is a hook added, removed, moved (within its list,
+or to another module), fired a different number of times, or whose flags or scope changed; then,
+with the same calls per list, calls interleaved otherwise, or a hook that returned a value or
+raised in one trace only. Lists are matched by `align`.
 """
 
 from __future__ import annotations
 
-import bisect
 import operator
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
-from ..schema import ROOT, Event, Trace, gc_paused
+from ..schema import ROOT, Event, Trace, gc_paused, is_internal_error
+from .align import align
 from .identity import HookKey, hook_keys
 
-FLAGS = ("prepend", "with_kwargs", "always_call")
-CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flags")
-# Longest common subsequence of two differing lists of one (step, phase, module, kind): exact by
-# Myers' O((n + m) * D) walk when they are at most LCS_MAX_EDITS insertions and deletions apart, else
-# exact by a table of up to LCS_TABLE_CELLS cells, else by `_lcs_by_occurrence` (O(n log n)).
-LCS_TABLE_CELLS = 40_000
-LCS_MAX_EDITS = 64
+FLAGS = ("prepend", "with_kwargs", "always_call", "registered_during_run")
+# "interleaving": each module's calls of each kind are the same, but not in the same order overall;
+# "returned" / "error": the same calls, but a hook replaced a value or raised in one trace only.
+# "module": a hook fired for another module than expected (as often), e.g. hooks swapped across modules.
+CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flags", "module", "interleaving",
+           "returned", "error")  # fmt: skip
 
 
 SeqKey = tuple[int, str, Optional[str], str]  # (step, phase, module the call was for, kind)
@@ -44,6 +45,7 @@ class Difference:
     hook: Optional[str] = None  # label of the hook concerned
     expected: Optional[str] = None  # at the first position where the two orders differ
     got: Optional[str] = None
+    calls: Optional[int] = None  # removed / added: how many calls
 
     def where(self) -> str:
         parts = []
@@ -74,6 +76,9 @@ class TraceDiff:
     @property
     def equal(self) -> bool:
         return not self.differences
+
+    def __str__(self) -> str:
+        return self.summary()
 
     def summary(self) -> str:
         a, b = self.hook_calls
@@ -152,172 +157,6 @@ def _sequences(
     return {sk: g[0] for sk, g in groups.items()}, {sk: g[1] for sk, g in groups.items()}
 
 
-def _align(a: Sequence[HookKey], b: Sequence[HookKey]) -> list[tuple[int, int]]:
-    """Matched (index in a, index in b) pairs of two lists holding the same calls in other orders.
-
-    The lists are cut wherever the calls before the cut are the same in both (as many of each), and
-    each piece that differs is matched on its own by `_lcs`: a change stays explained where it
-    happened (in its own module call) instead of by a far-off pairing that a longest common
-    subsequence of the whole, repetitive list may pick; and pieces are short, so it is fast too."""
-    if len(a) != len(b):
-        return _lcs(a, b)
-    pairs: list[tuple[int, int]] = []
-    balance: dict[HookKey, int] = {}  # calls of each hook in a[start:i] minus those in b[start:i]
-    start, differs = 0, False
-    for i in range(len(a)):
-        x, y = a[i], b[i]
-        if x is not y and x != y:
-            differs = True
-            for key, step in ((x, 1), (y, -1)):
-                count = balance.get(key, 0) + step
-                if count:
-                    balance[key] = count
-                else:
-                    del balance[key]
-        if not balance:
-            if differs:
-                pairs += [(start + p, start + q) for p, q in _lcs(a[start : i + 1], b[start : i + 1])]
-            else:
-                pairs += [(j, j) for j in range(start, i + 1)]
-            start, differs = i + 1, False
-    if start < len(a):  # only when the lists do not hold the same calls after all
-        pairs += [(start + p, start + q) for p, q in _lcs(a[start:], b[start:])]
-    return pairs
-
-
-def _lcs(a: Sequence[HookKey], b: Sequence[HookKey]) -> list[tuple[int, int]]:
-    """One longest common subsequence of `a` and `b`, as (index in a, index in b) pairs in order.
-
-    The common head and tail are matched first (some longest common subsequence always does). What
-    is left is solved exactly when it is small or only a few edits apart (the usual case: a few hooks
-    moved); otherwise (long lists with many changes: a module called thousands of times in one step,
-    its order changed in most calls) by `_lcs_by_occurrence`, so that time and memory stay about
-    linear in the length of the lists."""
-    n, m = len(a), len(b)
-    head = 0
-    while head < n and head < m and a[head] == b[head]:
-        head += 1
-    tail = 0
-    while tail < n - head and tail < m - head and a[n - 1 - tail] == b[m - 1 - tail]:
-        tail += 1
-    mid_a, mid_b = a[head : n - tail], b[head : m - tail]
-    found = _lcs_myers(mid_a, mid_b, LCS_MAX_EDITS)
-    if found is None:
-        small = len(mid_a) * len(mid_b) <= LCS_TABLE_CELLS
-        found = (_lcs_table if small else _lcs_by_occurrence)(mid_a, mid_b)
-    return (
-        [(i, i) for i in range(head)]
-        + [(head + i, head + j) for i, j in found]
-        + [(n - tail + t, m - tail + t) for t in range(tail)]
-    )
-
-
-def _lcs_table(a: Sequence[HookKey], b: Sequence[HookKey]) -> list[tuple[int, int]]:
-    """Exact, by dynamic programming: O(len(a) * len(b)) time and memory."""
-    n, m = len(a), len(b)
-    table = [[0] * (m + 1) for _ in range(n + 1)]
-    for i in range(n - 1, -1, -1):
-        row, below = table[i], table[i + 1]
-        ai = a[i]
-        for j in range(m - 1, -1, -1):
-            row[j] = below[j + 1] + 1 if ai == b[j] else max(below[j], row[j + 1])
-    pairs: list[tuple[int, int]] = []
-    i = j = 0
-    while i < n and j < m:
-        if a[i] == b[j]:
-            pairs.append((i, j))
-            i += 1
-            j += 1
-        elif table[i + 1][j] >= table[i][j + 1]:
-            i += 1
-        else:
-            j += 1
-    return pairs
-
-
-def _lcs_myers(a: Sequence[HookKey], b: Sequence[HookKey], max_edits: int) -> Optional[list[tuple[int, int]]]:
-    """Exact, by Myers' greedy walk ("An O(ND) difference algorithm", 1986): O((n + m) * D) time and
-    O(D²) memory for D insertions plus deletions; None when D > max_edits."""
-    n, m = len(a), len(b)
-    off = max_edits + 1
-    v = [0] * (2 * max_edits + 3)  # v[off + k]: furthest x reached on diagonal k = x - y
-    rounds: list[list[int]] = []  # v[off - d - 1 : off + d + 2] as it was when round d began
-    for d in range(max_edits + 1):
-        rounds.append(v[off - d - 1 : off + d + 2])
-        for k in range(-d, d + 1, 2):
-            if k == -d or (k != d and v[off + k - 1] < v[off + k + 1]):
-                x = v[off + k + 1]  # one more item of b
-            else:
-                x = v[off + k - 1] + 1  # one more item of a
-            y = x - k
-            while x < n and y < m and a[x] == b[y]:
-                x += 1
-                y += 1
-            v[off + k] = x
-            if x >= n and y >= m:
-                return _myers_matches(rounds, n, m)
-    return None
-
-
-def _myers_matches(rounds: list[list[int]], n: int, m: int) -> list[tuple[int, int]]:
-    """Walk Myers' rounds back from (n, m): the matched (index in a, index in b) pairs."""
-    pairs: list[tuple[int, int]] = []
-    x, y = n, m
-    for d in range(len(rounds) - 1, -1, -1):
-        v = rounds[d]  # v[k + d + 1] for diagonals k in -d-1 .. d+1
-        k = x - y
-        if k == -d or (k != d and v[k - 1 + d + 1] < v[k + 1 + d + 1]):
-            prev_k = k + 1
-        else:
-            prev_k = k - 1
-        prev_x = v[prev_k + d + 1]
-        prev_y = prev_x - prev_k
-        while x > prev_x and y > prev_y:
-            x -= 1
-            y -= 1
-            pairs.append((x, y))
-        x, y = prev_x, prev_y
-    pairs.reverse()
-    return pairs
-
-
-def _lcs_by_occurrence(a: Sequence[HookKey], b: Sequence[HookKey]) -> list[tuple[int, int]]:
-    """A common subsequence in O(n log n): the k-th call of a hook in `a` is paired with its k-th call
-    in `b`, and the longest run of pairs in increasing order in both is kept (patience sorting). It is
-    the longest when no hook repeats; with repeats it can be a little shorter, so a few more hooks
-    may be reported as moved than strictly needed."""
-    positions: dict[HookKey, list[int]] = {}
-    for j, k in enumerate(b):
-        positions.setdefault(k, []).append(j)
-    seen: Counter[HookKey] = Counter()
-    pairs: list[tuple[int, int]] = []
-    for i, k in enumerate(a):
-        nth = seen[k]
-        seen[k] += 1
-        at = positions.get(k)
-        if at is not None and nth < len(at):
-            pairs.append((i, at[nth]))
-    tails: list[int] = []  # tails[L]: smallest b index ending an increasing run of length L + 1
-    tail_pair: list[int] = []  # index into `pairs` of that run's last pair
-    previous = [-1] * len(pairs)
-    for p, (_, j) in enumerate(pairs):
-        L = bisect.bisect_left(tails, j)
-        if L == len(tails):
-            tails.append(j)
-            tail_pair.append(p)
-        else:
-            tails[L] = j
-            tail_pair[L] = p
-        previous[p] = tail_pair[L - 1] if L else -1
-    kept: list[tuple[int, int]] = []
-    p = tail_pair[-1] if tail_pair else -1
-    while p >= 0:
-        kept.append(pairs[p])
-        p = previous[p]
-    kept.reverse()
-    return kept
-
-
 def _common_part(a: list[HookKey], b: list[HookKey]) -> list[int]:
     """Indexes of `b`'s calls that `a` also has (as many times as both have them), in b's order."""
     budget = Counter(a)
@@ -349,10 +188,13 @@ def _compare_list(sk: SeqKey, la: list[HookKey], lb: list[HookKey]) -> tuple[lis
             out.append(Difference("scope", detail, hook=twin.label(), **at))
     for r in removed:
         out.append(
-            Difference("removed", f"{r.label()} did not fire (expected {ca[r]}×)", hook=r.label(), **at)
+            Difference(
+                "removed", f"{r.label()} did not fire (expected {ca[r]}×)", hook=r.label(), calls=ca[r], **at
+            )
         )
     for k in added:
-        out.append(Difference("added", f"{k.label()} fired {cb[k]}× (not expected)", hook=k.label(), **at))
+        detail = f"{k.label()} fired {cb[k]}× (not expected)"
+        out.append(Difference("added", detail, hook=k.label(), calls=cb[k], **at))
     for k in ca:
         if k in cb and ca[k] != cb[k]:
             detail = f"{k.label()} fired {cb[k]}×, expected {ca[k]}×"
@@ -360,7 +202,7 @@ def _compare_list(sk: SeqKey, la: list[HookKey], lb: list[HookKey]) -> tuple[lis
 
     ia, ib = _common_part(lb, la), _common_part(la, lb)  # what both have, as indexes into la / lb
     fa, fb = [la[i] for i in ia], [lb[j] for j in ib]
-    pairs = _align(fa, fb)
+    pairs = align(fa, fb)
     if len(pairs) < len(fb):
         # a call left out of the common order moved; it is paired with the left-out call of the same
         # hook in `a` (the k-th with the k-th) to say from where
@@ -458,6 +300,10 @@ def _diff(a: Trace, b: Trace) -> TraceDiff:
     ranked: list[tuple[int, int, Difference, str]] = []
     if not _same_order(ha, hb, fa, fb):
         ranked = _order_differences(*_sequences(ha, fa), *_sequences(hb, fb))
+        if not ranked:
+            ranked = _interleaving(ha, hb, fa, fb)
+    else:
+        ranked = _marks(ha, hb, fa)
 
     flagged = _flag_differences(a, b, ka, kb)
     if flagged:
@@ -496,4 +342,81 @@ def _order_differences(
         diffs, i, divergence = _compare_list(sk, la, lb)
         for n, d in enumerate(diffs):
             ranked.append((position(sk, i), 1 + n, d, f"{d.where()}: {divergence}; {d.detail}"))
-    return ranked
+    return _across_modules(ranked)
+
+
+def _call(e: Event, key: HookKey) -> str:
+    return f"{key.label()} ({e.kind} hook of module {e.module or ROOT!r}, {e.phase}, step {e.step})"
+
+
+def _interleaving(
+    ha: list[Event], hb: list[Event], fa: list[HookKey], fb: list[HookKey]
+) -> list[tuple[int, int, Difference, str]]:
+    """Every (step, phase, module, kind) has the same calls, yet they interleave otherwise (modules
+    called in another order): one difference, at the first call that differs."""
+    i = next(
+        i
+        for i, (x, y) in enumerate(zip(fa, fb))
+        if x is not y or _ORDER_FIELDS(ha[i]) != _ORDER_FIELDS(hb[i])
+    )
+    expected, got = _call(ha[i], fa[i]), _call(hb[i], fb[i])
+    detail = (
+        f"each module's hooks fire in the same order, but the calls interleave otherwise: "
+        f"hook call {i + 1} expected {expected}, got {got}"
+    )
+    d = Difference("interleaving", detail, step=ha[i].step, expected=expected, got=got)
+    return [(i, 0, d, str(d))]
+
+
+def _raised(error: Optional[str]) -> bool:
+    return error is not None and not is_internal_error(error)
+
+
+def _marks(ha: list[Event], hb: list[Event], keys: list[HookKey]) -> list[tuple[int, int, Difference, str]]:
+    """The same calls in the same order: the calls where a hook returned a value, or raised, in one
+    trace only."""
+    out = []
+    for i, (x, y) in enumerate(zip(ha, hb)):
+        label = keys[i].label()
+        changed = []
+        if x.returned != y.returned:
+            changed.append(
+                (
+                    "returned",
+                    f"{label} {'now' if y.returned else 'no longer'} returns a value that replaces what it was given",
+                )
+            )
+        if _raised(x.error) != _raised(y.error):
+            changed.append(
+                ("error", f"{label} now raises {y.error}" if y.error else f"{label} no longer raises")
+            )
+        for change, detail in changed:
+            d = Difference(
+                change, detail, step=x.step, phase=x.phase, module=x.module, kind=x.kind, hook=label
+            )
+            out.append((i, 2, d, str(d)))
+    return out
+
+
+def _across_modules(ranked: list[tuple[int, int, Difference, str]]) -> list[tuple[int, int, Difference, str]]:
+    """A hook that did not fire for one module and fired as often for another, in the same step, phase
+    and kind (the same code hooked on another module): one difference saying so, not two."""
+    added = [r for r in ranked if r[2].change == "added"]
+    merged: dict[int, tuple[int, int, Difference, str]] = {}  # id of a `removed` row -> its merged row
+    for r in ranked:
+        d = r[2]
+        if d.change != "removed":
+            continue
+        twin = next(
+            (a for a in added if a[2].hook == d.hook and a[2].calls == d.calls and a[2].module != d.module
+             and (a[2].step, a[2].phase, a[2].kind) == (d.step, d.phase, d.kind)),
+            None,
+        )  # fmt: skip
+        if twin is not None:
+            added.remove(twin)
+            new = twin[2].module
+            detail = f"{d.hook} fired for module {new or ROOT!r} instead of {d.module or ROOT!r} ({d.calls}×)"
+            m = replace(d, change="module", detail=detail)
+            merged[id(r)] = (min(r[0], twin[0]), r[1], m, str(m))
+            merged[id(twin)] = None  # type: ignore[assignment]
+    return [merged.get(id(r), r) for r in ranked if not (id(r) in merged and merged[id(r)] is None)]

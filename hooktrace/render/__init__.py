@@ -65,11 +65,13 @@ RENDERERS: dict[str, Renderer] = {
                  ".dot:svg", ("expand",)),
         Renderer("chrome", ".json", False, "Chrome Trace Event JSON for Perfetto / chrome://tracing",
                  ".chrome:chrome_json"),
+        Renderer("order", ".txt", False, "one line per hook call, for golden files and code review",
+                 ".order:order_text"),
     )
 }  # fmt: skip
 
 # `chrome` also writes .json, so only these extensions choose a format on their own (and .json.gz).
-_BY_EXTENSION = {".json": "json", ".dot": "dot", ".svg": "svg"}
+_BY_EXTENSION = {".json": "json", ".dot": "dot", ".svg": "svg", ".txt": "order"}
 
 
 def renderer(fmt: str) -> Renderer:

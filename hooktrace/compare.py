@@ -1,0 +1,120 @@
+"""What `hooktrace.diff`, `assert_order`, `--check`, `hooktrace diff` and the pytest plugin compare.
+
+Each side is a `Trace`, a tracing session, a path (a saved trace or an order file, told apart by
+their first bytes) or order text. Two traces are compared by `analysis.diff.diff_traces` as they
+are. When either side is order text, both are compared as order files: the trace is read as its
+order lines would read back (`render.order`), so the hooks that never fired and everything the lines
+leave out (times, ids, paths, how a `prepend` was known) play no part. Then `.equal` holds exactly
+when the two order files have the same lines, headers and blank lines aside. No torch here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .analysis.diff import TraceDiff, diff_traces
+from .render.order import OrderFormatError, is_order_text, order_lines, order_text, parse_order
+from .schema import Trace, TraceFormatError, load
+
+__all__ = [
+    "OrderFormatError",
+    "Side",
+    "TraceFormatError",
+    "assert_order",
+    "compare",
+    "failure_message",
+    "read_side",
+]
+
+Comparable = Union[Trace, str, "os.PathLike[str]", Any]  # a session: anything with a `.trace`
+_PATH_ENDINGS = (".txt", ".json", ".gz")
+
+
+class Side:
+    """One side of a comparison: its trace, and whether it came from order text."""
+
+    def __init__(self, trace: Trace, from_text: bool, name: str) -> None:
+        self.trace, self.from_text, self.name = trace, from_text, name
+        self._order: Optional[Trace] = trace if from_text else None
+
+    def as_order(self) -> Trace:
+        """The trace as its order file reads back."""
+        if self._order is None:
+            self._order = parse_order(order_text(self.trace))
+        return self._order
+
+    def lines(self) -> list[str]:
+        return order_lines(self.as_order())
+
+
+def read_side(x: Comparable, name: str = "") -> Side:
+    """`x` as a Side. A string is a path when a file of that name exists or it reads like one (a single
+    line ending in .txt, .json or .gz: then it must exist); any other string is order text.
+    FileNotFoundError, TraceFormatError or OrderFormatError when it cannot be read."""
+    if isinstance(x, Trace):
+        return Side(x, False, name or "trace")
+    trace = getattr(x, "trace", None)
+    if isinstance(trace, Trace):
+        return Side(trace, False, name or "trace")
+    if isinstance(x, os.PathLike) or (isinstance(x, str) and _is_path(x)):
+        return read_file(Path(x))
+    if isinstance(x, str):
+        return Side(parse_order(x), True, name or "order text")
+    raise TypeError(f"cannot compare a {type(x).__name__}: give a Trace, a session, a path or order text")
+
+
+def _is_path(text: str) -> bool:
+    if "\n" in text or not text.strip():
+        return False
+    try:
+        if os.path.isfile(text):
+            return True
+    except (OSError, ValueError):  # too long, NUL
+        return False
+    return text.strip().lower().endswith(_PATH_ENDINGS) and " " not in text.strip()
+
+
+def read_file(path: Path) -> Side:
+    """A saved trace (JSON, gzip) or an order file, by its first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if not is_order_text(head):
+        return Side(load(path), False, str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise OrderFormatError(f"{path} is neither a saved trace nor an order file (not UTF-8)") from exc
+    try:
+        return Side(parse_order(text), True, str(path))
+    except OrderFormatError as exc:
+        raise OrderFormatError(f"{path}: {exc}") from None
+
+
+def compare(expected: Comparable, observed: Comparable) -> TraceDiff:
+    """How the hook order of `observed` differs from `expected` (see the module's docstring)."""
+    return compare_sides(read_side(expected, "expected"), read_side(observed, "observed"))
+
+
+def compare_sides(a: Side, b: Side) -> TraceDiff:
+    if a.from_text or b.from_text:
+        return diff_traces(a.as_order(), b.as_order())
+    return diff_traces(a.trace, b.trace)
+
+
+def failure_message(a: Side, b: Side, result: TraceDiff, context: int = 3) -> str:
+    """What an order test says when it fails: `diff`'s summary, then the unified diff of the order
+    lines (expected first)."""
+    unified = difflib.unified_diff(a.lines(), b.lines(), a.name, b.name, lineterm="", n=context)
+    return f"{result.summary()}\n\n" + "\n".join(unified)
+
+
+def assert_order(observed: Comparable, expected: Comparable) -> TraceDiff:
+    """AssertionError with `failure_message` unless `observed` has the hook order of `expected`."""
+    a, b = read_side(expected, "expected"), read_side(observed, "observed")
+    result = compare_sides(a, b)
+    if not result.equal:
+        raise AssertionError(failure_message(a, b, result))
+    return result

@@ -1,0 +1,280 @@
+"""The `order` format (SPEC §5): one line per hook call, for golden files and code review; and its parser.
+
+    # hooktrace order 1: step phase module kind hook [#occurrence] [on tensor] [of module] [badges]
+
+    # step 0 · forward
+    0 forward   <root>  forward_pre   global_pre [global]
+    0 forward   <root>  forward_pre   first_pre [prepend]
+    0 forward   1       forward_pre   global_pre [global]
+
+    # step 0 · backward
+    0 backward  1       backward_pre  backward_pre
+    0 backward  1       grad          weight_grad on 1.weight
+
+Each line stands alone (a diff hunk needs no context to say where it is); the `#` lines are headers
+for the eye and ignored when read back. A line holds only what is the same on every machine and
+run: no times, handle ids, threads, file paths or line numbers. Padding is by the field's own value,
+never by its neighbours', so a change touches only its own lines. Names with spaces, quotes,
+brackets or characters outside printable ASCII are written as JSON strings; the root module is
+`<root>`, no module `-`.
+
+`parse_order` reads the text back into a `Trace` that holds exactly what the lines say (its hooks,
+their flags, the hook events), so `analysis.diff` compares order files like saved traces; `order_text`
+of that trace gives the same lines back.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from ..analysis.identity import hook_keys
+from ..kinds import GLOBAL, HOOK, KINDS, MODULE, NODE, PHASES, TABLE, TENSOR
+from ..schema import Event, Hook, Meta, Trace, is_internal_error
+from .badges import BADGES
+
+VERSION = 1
+HEADER = (
+    f"# hooktrace order {VERSION}: step phase module kind hook [#occurrence] [on tensor] [of module] [badges]"
+)
+ROOT_TOKEN, NO_MODULE = "<root>", "-"
+UNKNOWN = "unknown"  # scope of a hook the trace does not list (an event naming an unknown id)
+UNKNOWN_NAME = "<unknown hook>"
+PHASE_WIDTH = max(map(len, PHASES))
+KIND_WIDTH = len("backward_pre ")  # the usual kinds line up; longer ones just push their line out
+MODULE_WIDTH = 12  # likewise module paths up to 11 characters
+# badge -> the hook or event flag it stands for, in the order they are written. `prepend` is one
+# word however it was known (registered with prepend=True, or inferred from its position): how it
+# was known depends on when the hook was registered, not on the order.
+_HOOK_BADGES = ("prepend", "global", "with_kwargs", "always_call", "registered_during_run")
+_EVENT_BADGES = ("returned", "error")
+_WORDS = {BADGES[b]: b for b in _HOOK_BADGES + _EVENT_BADGES}
+_WORDS[BADGES["prepend_inferred"]] = "prepend"
+
+
+class OrderFormatError(ValueError):
+    """Text that is not in the order format; the message names the line."""
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def _token(text: str) -> str:
+    """`text` as one token: as it is when it is plain printable ASCII, else a JSON string."""
+    if (
+        text
+        and text.isascii()
+        and text.isprintable()
+        and not any(c in text for c in ' "[]')
+        and text[0] != "#"
+    ):
+        return text
+    return json.dumps(text, ensure_ascii=True)
+
+
+def _module_token(path: Optional[str]) -> str:
+    if path is None:
+        return NO_MODULE
+    if path == "":
+        return ROOT_TOKEN
+    return json.dumps(path) if path in (ROOT_TOKEN, NO_MODULE) else _token(path)
+
+
+def _scope_of(kind: str, is_global: bool) -> str:
+    """The scope a hook of `kind` has unless its line says otherwise."""
+    scopes = TABLE[kind].scopes if kind in TABLE else (UNKNOWN,)
+    return GLOBAL if is_global and GLOBAL in scopes else scopes[0]
+
+
+def _owner_of(scope: str, event_module: Optional[str]) -> Optional[str]:
+    """The hook's `module` unless its line says otherwise: the module called, for the scopes that
+    belong to one (module, tensor and node hooks); none for the others."""
+    return event_module if scope in (MODULE, TENSOR, NODE) else None
+
+
+def order_lines(trace: Trace) -> list[str]:
+    """The hook calls of `trace`, one line each, in the order they happened (no headers)."""
+    return [line for line in _lines(trace) if not line.startswith("#") and line]
+
+
+def order_text(trace: Trace) -> str:
+    """The whole order file: the format line, then the lines under a header per step and phase."""
+    return "\n".join(_lines(trace)) + "\n"
+
+
+def _lines(trace: Trace) -> list[str]:
+    hooks = {h.id: h for h in trace.hooks}
+    keys = hook_keys(trace)
+    out = [HEADER]
+    part: Optional[tuple[int, str]] = None
+    for e in sorted((e for e in trace.events if e.type == HOOK), key=lambda e: e.seq):
+        if (e.step, e.phase) != part:
+            part = (e.step, e.phase)
+            out += ["", f"# step {e.step} · {e.phase}"]
+        out.append(_line(e, hooks.get(e.hook) if e.hook is not None else None, keys))
+    return out
+
+
+def _line(e: Event, h: Optional[Hook], keys: dict) -> str:
+    kind = e.kind or (h.kind if h is not None else "?")
+    fields = [str(e.step), e.phase.ljust(PHASE_WIDTH), _module_token(e.module).ljust(MODULE_WIDTH)]
+    fields.append(kind.ljust(KIND_WIDTH))
+    if h is None:
+        fields += [_token(UNKNOWN_NAME), "scope", UNKNOWN]
+    else:
+        fields.append(_token(h.name))
+        occurrence = keys[h.id].occurrence
+        if occurrence:
+            fields.append(f"#{occurrence + 1}")
+        if h.tensor is not None:
+            fields += ["on", _token(h.tensor)]
+        if h.scope != _scope_of(kind, h.scope == GLOBAL):
+            fields += ["scope", _token(h.scope)]
+        if h.module != _owner_of(h.scope, e.module):
+            fields += ["of", _module_token(h.module)]
+    flags = [b for b in _HOOK_BADGES if h is not None and _hook_flag(h, b)]
+    flags += [b for b in _EVENT_BADGES if (e.returned if b == "returned" else _raised(e))]
+    fields += [f"[{BADGES[b]}]" for b in flags]
+    return " ".join(fields).rstrip()
+
+
+def _raised(e: Event) -> bool:
+    """An error of the hook's own; not one PyTorch raises and catches itself (a checkpoint recompute
+    stopped early: where it stops is PyTorch's business)."""
+    return e.error is not None and not is_internal_error(e.error)
+
+
+def _hook_flag(h: Hook, badge: str) -> bool:
+    return h.scope == GLOBAL if badge == "global" else bool(getattr(h, badge))
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def is_order_text(data: bytes) -> bool:
+    """True unless `data` looks like a saved trace (JSON or gzip)."""
+    head = data.lstrip()[:1]
+    return not (data[:2] == b"\x1f\x8b" or head in (b"{", b"["))
+
+
+def parse_order(text: str) -> Trace:
+    """The `Trace` an order text describes: its hooks (flags from the badges, occurrences numbered as
+    written) and one hook event per line, in order. Lines starting with `#` and blank lines are skipped.
+    OrderFormatError names the first line that is not in the format."""
+    hooks: dict[tuple, Hook] = {}
+    events: list[Event] = []
+    fired: list[tuple] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            key, hook, event = _parse_line(line)
+        except OrderFormatError as exc:
+            raise OrderFormatError(f"line {number}: {exc}: {_token(raw[:80])}") from None
+        known = hooks.setdefault(key, hook)
+        for flag in _HOOK_BADGES:
+            if flag != "global" and getattr(hook, flag):
+                setattr(known, flag, True)
+        events.append(event._replace(seq=len(events)))
+        fired.append(key)
+    numbered = _numbered(hooks)
+    events = [e._replace(hook=hooks[key].id) for e, key in zip(events, fired)]
+    return Trace(meta=Meta(steps=len({e.step for e in events}) or 1), hooks=numbered, events=events)
+
+
+def _numbered(hooks: dict[tuple, Hook]) -> list[Hook]:
+    """The hooks with ids that number equal identities in their written occurrence order (as
+    `identity.hook_keys` reads them), and a never-fired stand-in for each occurrence not written."""
+    top: dict[tuple, int] = {}
+    for identity, occurrence in hooks:
+        top[identity] = max(top.get(identity, 0), occurrence)
+    out = []
+    for n, (identity, last) in enumerate(top.items()):
+        for occurrence in range(last + 1):
+            hook = hooks.get((identity, occurrence))
+            if hook is None:
+                scope, module, tensor, kind, name = identity
+                hook = Hook(0, kind, scope, module=module, tensor=tensor, name=name)
+            hook.id = occurrence * 1_000_000 + n + 1
+            out.append(hook)
+    return sorted(out, key=lambda h: h.id)
+
+
+def _tokens(line: str) -> list[str]:
+    """Split on spaces; a token starting with `"` is a JSON string, `[` runs to the next `]`."""
+    out: list[str] = []
+    decoder = json.JSONDecoder()
+    i, n = 0, len(line)
+    while i < n:
+        if line[i] == " ":
+            i += 1
+        elif line[i] == '"':
+            try:
+                value, i = decoder.raw_decode(line, i)
+            except ValueError:
+                raise OrderFormatError("an unterminated quoted name") from None
+            out.append("\0" + value)  # marked: quoted (the root and no-module words are literal)
+        elif line[i] == "[":
+            end = line.find("]", i)
+            if end < 0:
+                raise OrderFormatError("a badge without its closing ]")
+            out.append(line[i : end + 1])
+            i = end + 1
+        else:
+            end = line.find(" ", i)
+            end = n if end < 0 else end
+            out.append(line[i:end])
+            i = end
+    return out
+
+
+def _text(token: str) -> str:
+    return token[1:] if token.startswith("\0") else token
+
+
+def _module(token: str) -> Optional[str]:
+    if token == ROOT_TOKEN:
+        return ""
+    if token == NO_MODULE:
+        return None
+    return _text(token)
+
+
+def _parse_line(line: str) -> tuple[tuple, Hook, Event]:
+    tokens = _tokens(line)
+    badges = [t[1:-1] for t in tokens if t.startswith("[")]
+    words = [t for t in tokens if not t.startswith("[")]
+    if len(words) < 5:
+        raise OrderFormatError("expected step, phase, module, kind and hook")
+    step_text, phase, module_text, kind, name = words[:5]
+    if not step_text.isdigit():
+        raise OrderFormatError(f"the step must be a number, not {_token(_text(step_text))}")
+    if phase not in PHASES:
+        raise OrderFormatError(f"unknown phase {_token(_text(phase))}; one of {', '.join(PHASES)}")
+    if kind not in KINDS:
+        raise OrderFormatError(f"unknown hook kind {_token(_text(kind))}")
+    unknown = [b for b in badges if b not in _WORDS]
+    if unknown:
+        raise OrderFormatError(f"unknown badge [{unknown[0]}]")
+    flags = {_WORDS[b] for b in badges}
+    module = _module(module_text)
+    rest = words[5:]
+    occurrence = 0
+    if rest and rest[0].startswith("#") and rest[0][1:].isdigit() and int(rest[0][1:]) >= 2:
+        occurrence = int(rest.pop(0)[1:]) - 1
+    qualifiers: dict[str, str] = {}
+    while rest:
+        word = rest.pop(0)
+        if word not in ("on", "of", "scope") or not rest or word in qualifiers:
+            raise OrderFormatError(f"unexpected {_token(_text(word))} after the hook's name")
+        qualifiers[word] = rest.pop(0)
+    scope = _text(qualifiers["scope"]) if "scope" in qualifiers else _scope_of(kind, "global" in flags)
+    tensor = _text(qualifiers["on"]) if "on" in qualifiers else None
+    owner = _module(qualifiers["of"]) if "of" in qualifiers else _owner_of(scope, module)
+    name = _text(name)
+    hook = Hook(0, kind, scope, module=owner, tensor=tensor, name=name)
+    for flag in _HOOK_BADGES:
+        if flag != "global" and flag in flags:
+            setattr(hook, flag, True)
+    if hook.prepend:
+        hook.prepend_source = "registration"
+    error = "error" if "error" in flags else None
+    event = Event(0, int(step_text), HOOK, phase, module, None, kind, 0, 0, 0, "returned" in flags, error)
+    return ((scope, owner, tensor, kind, name), occurrence), hook, event

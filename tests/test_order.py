@@ -1,0 +1,382 @@
+"""The `order` format (SPEC §5) and what reads it: its parser, `hooktrace.diff`, `assert_order`,
+`--check GOLDEN.txt [-q]` and `diff` over order files."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import hooktrace
+from hooktrace.analysis.diff import diff_traces
+from hooktrace.compare import failure_message, read_side
+from hooktrace.render import render
+from hooktrace.render.order import OrderFormatError, order_lines, order_text, parse_order
+from hooktrace.schema import Hook, Trace
+
+from .test_cli import SAMPLES, invoke
+from .test_diff import renumber, swap
+from .test_renderers_all import SAMPLES as HAND_BUILT
+from .test_renderers_all import Builder, two_layer
+
+TWO_LAYER = """\
+0 forward   <root>       forward_pre   global_pre [global]
+0 forward   fc1          forward_pre   global_pre [global]
+0 forward   fc1          forward_pre   early [prepend]
+0 forward   fc1          forward_pre   cast_inputs [returned]
+0 forward   fc1          forward       after_fc1 [with_kwargs] [always_call]
+0 forward   act          forward_pre   global_pre [global]
+0 forward   fc2          forward_pre   global_pre [global]
+0 forward   fc2          forward       Recorder.after
+0 backward  fc2          backward_pre  grad_out_fc2
+0 backward  fc1          grad          weight_grad on fc1.weight
+0 backward  fc1          backward      grad_fc1"""
+
+
+def test_one_line_per_hook_call_with_step_phase_module_kind_hook_and_badges() -> None:
+    trace = two_layer()
+    assert order_lines(trace) == TWO_LAYER.splitlines()
+    text = render(trace, "order")
+    assert text == order_text(trace)
+    lines = text.splitlines()
+    assert lines[0].startswith("# hooktrace order 1: step phase module kind hook")
+    assert lines[1:3] == ["", "# step 0 · forward"] and "# step 0 · backward" in lines
+    assert len([x for x in lines if x and not x.startswith("#")]) == len(list(trace.hook_events()))
+
+
+@pytest.mark.parametrize("sample", list(HAND_BUILT))
+def test_reading_an_order_text_back_gives_the_same_text_and_the_same_order(sample: str) -> None:
+    trace = HAND_BUILT[sample]()
+    text = order_text(trace)
+    back = parse_order(text)
+    assert order_text(back) == text
+    assert diff_traces(back, parse_order(order_text(back))).equal
+    assert [e.type for e in back.events] == ["hook"] * len(list(trace.hook_events()))
+
+
+def test_nothing_that_differs_between_runs_or_machines() -> None:
+    a = two_layer()
+    b = copy.deepcopy(a)
+    shift = {h.id: h.id * 7 + 1000 for h in b.hooks}
+    for h in b.hooks:
+        h.id = shift[h.id]
+        h.defined_at, h.registered_at, h.registered_by = "/elsewhere/m.py:9", "/x/y.py:99", None
+        if h.prepend:
+            h.prepend_source = "inferred"  # registered before the trace began: known from its position
+    b.events = [
+        e._replace(hook=shift.get(e.hook) if e.hook is not None else None, thread=99, start_ns=e.start_ns * 3,
+                   duration_ns=e.duration_ns + 5)
+        for e in b.events
+    ]  # fmt: skip
+    b.meta.torch, b.meta.python, b.meta.created, b.meta.target = (
+        "2.14.1",
+        "3.12.1",
+        "2030-01-01",
+        "/abs/m.py:make",
+    )
+    assert order_text(a) == order_text(b)
+    assert "1000" not in order_text(b) and ".py" not in order_text(b)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "two words",
+        'quote"d',
+        "[bracketed]",
+        "#hash",
+        "ünïcode",
+        "tab\there",
+        "esc\x1b[31m",
+        "",
+        "<root>",
+        "-",
+    ],
+)
+def test_any_name_is_one_token_that_reads_back(name: str) -> None:
+    b = Builder((name or "x", "Linear"))
+    h = b.hook("forward", name or "x", name)
+    t = b.hook("grad", name or "x", "g", scope="tensor", tensor=f"output of {name}")
+    b.enter(name or "x")
+    b.fire(h, name or "x")
+    b.exit(name or "x")
+    b.fire(t, None, "backward")
+    trace = b.trace()
+    text = order_text(trace)
+    assert "\x1b" not in text and "\t" not in text
+    back = parse_order(text)
+    assert [(h.name, h.tensor) for h in back.hooks] == [(name, None), ("g", f"output of {name}")]
+    assert back.events[0].module == (name or "x") and order_text(back) == text
+
+
+def test_scopes_owners_and_occurrences_read_back() -> None:
+    b = Builder(("fc", "Linear"))
+    unfired = b.hook("forward", "fc", "log")  # the first `log`: registered, never fired
+    second = b.hook("forward", "fc", "log")
+    node = b.hook("node", "fc", "after_acc", scope="node", tensor="fc.weight")
+    opt = b.hook("optimizer_step_pre", None, "before_step", scope="optimizer")
+    glob = b.hook("optimizer_step_post", None, "after_any", scope="global")
+    pack = b.hook("pack", None, "count_pack", scope="saved_tensors")
+    odd = b.hook("forward_pre", "other", "elsewhere")  # a module hook fired for another module's call
+    b.enter("fc")
+    b.fire(odd, "fc")
+    b.fire(pack, "fc")
+    b.fire(second, "fc")
+    b.exit("fc")
+    b.fire(node, "fc", "backward")
+    b.fire(opt, None, "optimizer")
+    b.fire(glob, None, "optimizer")
+    trace = b.trace()
+    assert unfired and order_lines(trace) == [
+        "0 forward   fc           forward_pre   elsewhere of other",
+        "0 forward   fc           pack          count_pack",
+        "0 forward   fc           forward       log #2",
+        "0 backward  fc           node          after_acc on fc.weight",
+        "0 optimizer -            optimizer_step_pre before_step",
+        "0 optimizer -            optimizer_step_post after_any [global]",
+    ]
+    back = parse_order(order_text(trace))
+    got = {(h.name, h.scope, h.module, h.tensor) for h in back.hooks}
+    assert got >= {("elsewhere", "module", "other", None), ("count_pack", "saved_tensors", None, None),
+                   ("after_acc", "node", "fc", "fc.weight"), ("before_step", "optimizer", None, None),
+                   ("after_any", "global", None, None)}  # fmt: skip
+    assert [h.name for h in back.hooks].count("log") == 2  # the unfired first occurrence stands in
+    assert diff_traces(back, parse_order(order_text(trace))).equal
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("x forward fc forward f", "line 2: the step must be a number"),
+        ("0 sideways fc forward f", "line 2: unknown phase sideways"),
+        ("0 forward fc           forwards f", "line 2: unknown hook kind forwards"),
+        ("0 forward fc           forward f [shiny]", "line 2: unknown badge [shiny]"),
+        ("0 forward fc           forward", "line 2: expected step, phase, module, kind and hook"),
+        ('0 forward fc           forward "f', "line 2: an unterminated quoted name"),
+        ("0 forward fc           forward f [prepend", "line 2: a badge without its closing ]"),
+        ("0 forward fc           forward f with g", "line 2: unexpected with after the hook's name"),
+    ],
+)
+def test_text_not_in_the_format_is_refused_naming_the_line(line: str, message: str) -> None:
+    with pytest.raises(OrderFormatError, match=message.replace("[", r"\[")):
+        parse_order(f"# a comment\n{line}\n")
+
+
+# -- hooktrace.diff and assert_order --------------------------------------------------------------------------
+def test_diff_takes_traces_sessions_paths_and_text(tmp_path: Path) -> None:
+    trace = two_layer()
+    (tmp_path / "t.json").write_bytes(trace.to_json())
+    (tmp_path / "t.txt").write_text(order_text(trace), encoding="utf-8")
+
+    class Session:
+        def __init__(self, t: Trace) -> None:
+            self.trace = t
+
+    for a in (
+        trace,
+        Session(trace),
+        tmp_path / "t.json",
+        str(tmp_path / "t.txt"),
+        order_text(trace),
+        TWO_LAYER,
+    ):
+        for b in (trace, tmp_path / "t.txt", TWO_LAYER):
+            result = hooktrace.diff(a, b)
+            assert result.equal and str(result) == "same hook order: 11 hook calls in 1 step(s)"
+    moved = swap(trace, 4, 5)
+    result = hooktrace.diff(tmp_path / "t.txt", moved)
+    assert not result.equal and [d.change for d in result.differences] == ["moved"]
+    assert str(result).startswith("hook order differs: 1 difference")
+    with pytest.raises(FileNotFoundError):
+        hooktrace.diff(trace, str(tmp_path / "missing.txt"))
+    with pytest.raises(TypeError, match="cannot compare a int"):
+        hooktrace.diff(trace, 3)
+
+
+def test_equal_as_order_text_means_the_same_lines() -> None:
+    """A trace against order text: what the lines leave out (hooks that never fired, how a prepend
+    was known) plays no part; what they hold (returned, error) does."""
+    trace = two_layer()
+    more = copy.deepcopy(trace)
+    more.hooks.append(Hook(999, "forward", "module", module="fc1", name="never_fired", prepend=True))
+    assert hooktrace.diff(order_text(trace), more).equal
+    flipped = copy.deepcopy(trace)
+    flipped.events = [e._replace(returned=not e.returned) if e.seq == 5 else e for e in flipped.events]
+    result = hooktrace.diff(order_text(trace), flipped)
+    assert [d.change for d in result.differences] == ["returned"]
+    assert "'cast_inputs' no longer returns a value" in str(result)
+
+
+def test_interleaving_is_a_difference() -> None:
+    """fc1 and fc2 each fire the same hooks, but the two calls run the other way round."""
+    b = Builder(("fc1", "Linear"), ("fc2", "Linear"))
+    h1, h2 = b.hook("forward", "fc1", "one"), b.hook("forward", "fc2", "two")
+    for module, h in (("fc1", h1), ("fc2", h2)):
+        b.enter(module)
+        b.fire(h, module)
+        b.exit(module)
+    a = b.trace()
+    other = renumber(a, a.events[3:] + a.events[:3])
+    result = diff_traces(a, other)
+    assert [d.change for d in result.differences] == ["interleaving"]
+    assert "hook call 1 expected 'one' (forward hook of module 'fc1', forward, step 0), got 'two'" in str(
+        result
+    )
+    assert not hooktrace.diff(order_text(a), other).equal
+
+
+def test_assert_order_raises_with_the_summary_and_the_unified_diff() -> None:
+    trace = two_layer()
+    hooktrace.assert_order(trace, TWO_LAYER)
+    moved = swap(trace, 4, 5)
+    with pytest.raises(AssertionError) as info:
+        hooktrace.assert_order(moved, TWO_LAYER)
+    message = str(info.value)
+    a, b = read_side(TWO_LAYER, "expected"), read_side(moved, "observed")
+    assert message == failure_message(a, b, hooktrace.diff(TWO_LAYER, moved))
+    assert (
+        message.splitlines()[0]
+        == "hook order differs: 1 difference (expected 11 hook calls in 1 step(s), got 11 in 1)"
+    )
+    assert "--- expected\n+++ observed\n@@ -1,7 +1,7 @@" in message
+    assert "\n+0 forward   fc1          forward_pre   cast_inputs [returned]\n" in message
+    assert "\n-0 forward   fc1          forward_pre   cast_inputs [returned]\n" in message
+
+
+# -- the command line --------------------------------------------------------------------------------------------
+def _saved(tmp_path: Path, name: str, trace: Trace) -> Path:
+    path = tmp_path / name
+    if name.endswith(".json"):
+        trace.save(path)
+    else:
+        path.write_text(order_text(trace), encoding="utf-8")
+    return path
+
+
+def test_render_and_diff_with_order_files(tmp_path: Path) -> None:
+    json_path = _saved(tmp_path, "a.json", two_layer())
+    code, out, err = invoke("render", str(json_path), "-f", "order")
+    assert code == 0 and out == order_text(two_layer())
+    code, out, err = invoke("render", str(json_path), "-o", str(tmp_path / "a.txt"))
+    assert code == 0 and (tmp_path / "a.txt").read_text(encoding="utf-8") == order_text(two_layer())
+    code, out, _ = invoke("diff", str(tmp_path / "a.txt"), str(json_path))
+    assert code == 0 and out == f"same hook order: {tmp_path / 'a.txt'} and {json_path}\n"
+    assert invoke("diff", "-q", str(tmp_path / "a.txt"), str(json_path))[:2] == (0, "")
+    moved = _saved(tmp_path, "b.txt", swap(two_layer(), 4, 5))
+    code, out, _ = invoke("diff", "-q", str(tmp_path / "a.txt"), str(moved))
+    assert code == 1 and out.startswith("hook order differs: 1 difference") and "'early' moved" in out
+
+
+def test_an_unreadable_order_file_is_exit_2_naming_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_text("# hooktrace order 1\n0 forward fc           forwards f\n", encoding="utf-8")
+    code, out, err = invoke("diff", str(bad), str(bad))
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: cannot read {bad}: line 2: unknown hook kind forwards")
+    code, _, err = invoke("diff", str(tmp_path / "none.txt"), str(bad))
+    assert code == 2 and "file not found" in err and err.count("\n") == 1
+
+
+def test_check_against_an_order_file_quiet(tmp_path: Path) -> None:
+    quickstart = str(SAMPLES / "quickstart.py")
+    golden = tmp_path / "golden.txt"
+    code, _, err = invoke("run", quickstart, "-o", str(golden))
+    assert code == 0 and golden.read_text(encoding="utf-8").startswith("# hooktrace order 1")
+    assert invoke("run", quickstart, "--check", str(golden), "-q") == (0, "", "")
+    code, out, err = invoke("run", quickstart, "--check", str(golden))
+    assert code == 0 and "first_pre [prepend]" in out and "same hook order" in err
+    changed = golden.read_text(encoding="utf-8").replace("first_pre [prepend]", "first_pre")
+    golden.write_text(changed, encoding="utf-8")
+    code, out, err = invoke("run", quickstart, "--check", str(golden), "-q")
+    assert code == 1 and out == ""
+    assert err.startswith("hook order differs: 1 difference")
+    assert "'first_pre' (module hook): prepend False → True" in err
+    code, _, err = invoke("run", quickstart, "-q")
+    assert code == 2 and err == "error: -q goes with --check GOLDEN; add --check or drop -q\n"
+
+
+# -- real runs: the samples, and changed orders ------------------------------------------------------------------
+def model_run(prepend: bool = True, extra: bool = False, swapped: bool = False) -> Any:
+    """A tiny model run under `hooktrace.trace`: prepend removed, a hook added, or hooks swapped
+    across modules when asked."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+
+    def cast(*_: Any) -> None:
+        return None
+
+    def early(*_: Any) -> None:
+        return None
+
+    def audit(*_: Any) -> None:
+        return None
+
+    def log(*_: Any) -> None:
+        return None
+
+    first, second = (model[2], model[0]) if swapped else (model[0], model[2])
+    first.register_forward_hook(log)
+    second.register_forward_hook(audit)
+    model[0].register_forward_pre_hook(cast)
+    model[0].register_forward_pre_hook(early, prepend=prepend)
+    if extra:
+        model[2].register_forward_pre_hook(audit)
+    with hooktrace.trace(model) as t:
+        model(torch.randn(2, 3)).sum().backward()
+    return t
+
+
+def test_changed_orders_fail_with_a_diff_a_reviewer_understands() -> None:
+    golden = order_text(model_run().trace)
+    hooktrace.assert_order(model_run(), golden)
+    messages: dict[str, str] = {}
+    for name, kwargs in (
+        ("prepend", {"prepend": False}),
+        ("added", {"extra": True}),
+        ("swapped", {"swapped": True}),
+    ):
+        with pytest.raises(AssertionError) as info:
+            hooktrace.assert_order(model_run(**kwargs), golden)
+        messages[name] = str(info.value)
+    prefix = "0 forward   0            forward_pre   model_run.<locals>."
+    assert f"-{prefix}early [prepend]\n" in messages["prepend"]
+    assert f"+{prefix}early\n" in messages["prepend"]
+    assert "'model_run.<locals>.early' moved from position 1 to 2 of 2" in messages["prepend"]
+    assert "prepend True → False" in messages["prepend"]
+    assert "+0 forward   2            forward_pre   model_run.<locals>.audit\n" in messages["added"]
+    assert "'model_run.<locals>.audit' fired 1× (not expected)" in messages["added"]
+    swapped = messages["swapped"].splitlines()
+    assert swapped[0].startswith("hook order differs: 2 differences")
+    assert swapped[2:4] == [
+        "  - step 0, forward, module '0', forward hooks: 'model_run.<locals>.log' fired for module '2' instead of '0' (1×)",
+        "  - step 0, forward, module '2', forward hooks: 'model_run.<locals>.audit' fired for module '0' instead of '2' (1×)",
+    ]
+    assert swapped[-2:] == [
+        "+0 forward   0            forward       model_run.<locals>.audit",
+        "+0 forward   2            forward       model_run.<locals>.log",
+    ]
+
+
+def _run_order(sample: str, tmp_path: Path, n: int) -> str:
+    out = tmp_path / f"{sample}.{n}.txt"
+    code, _, err = invoke("run", str(SAMPLES / f"{sample}.py"), "-f", "order", "-o", str(out))
+    assert code in (0, 1), err  # always_call's forward raises: exit 1, the trace is still written
+    return out.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "sample",
+    ["quickstart", "prepend_displaced", "backward_order", "checkpoint_recompute", "quantization", "always_call",
+     "training_step", "saved_tensors", "forward_wrapper"],
+)  # fmt: skip
+def test_sample_order_snapshots_are_stable(
+    sample: str, tmp_path: Path, golden: Callable[[str, str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(SAMPLES.parent)
+    first, second = _run_order(sample, tmp_path, 1), _run_order(sample, tmp_path, 2)
+    assert first == second
+    golden(f"order/{sample}.txt", first)
