@@ -1,13 +1,17 @@
 """Optimizer hooks, traced through views like module hooks (capture/views.py).
 
-PyTorch calls step hooks from `Optimizer.profile_hook_step`'s `wrapper`, which `_patch_step_function`
-installs once per optimizer class (`cls.step = profile_hook_step(cls.step)`, `hooked = True`), and
-state-dict hooks from `Optimizer.state_dict` / `load_state_dict`. While a capture is open those run
-as copies made from PyTorch's source whose hook-dict reads go through `hooktrace_view`: every
-already-patched class's `step` is the copied wrapper around the same inner `step`, and
-`Optimizer.profile_hook_step` is the copy, so a class first patched inside the block gets it too.
-After the block every class's `step` is PyTorch's own wrapper again (a new one, around the same
-inner `step`, for classes first patched inside the block). No optimizer's hook dict is modified.
+PyTorch calls step hooks from the `wrapper` that `Optimizer.profile_hook_step` makes around each
+optimizer class's `step` (`_patch_step_function`: `cls.step = profile_hook_step(cls.step)`), and
+state-dict hooks from `Optimizer.state_dict` / `load_state_dict`. That wrapper is also held outside
+the class: an LR scheduler replaces `opt.step` on the instance by its own wrapper around it
+(lr_scheduler.py, `patch_track_step_called`), and libraries keep `opt.step` bound methods. So the
+step wrapper is traced in place: for the block, every existing wrapper function (and the `wrapper`
+that `profile_hook_step` makes, for classes first patched inside the block) runs the code of a copy
+made from PyTorch's source whose hook-dict reads go through `hooktrace_view` — same function object,
+same closure, same globals (the global hook dicts are read live). After the block every such
+function has PyTorch's own code again; nothing else held the copy. The copied code reaches hooktrace
+through `__import__` (the functions' globals are PyTorch's). `state_dict` / `load_state_dict` are
+copies set on `Optimizer` for the block. No optimizer's hook dict or attribute is modified.
 
 The copied wrapper also marks its thread as inside `optimizer.step()` (shims.STEPPING) for the
 step's duration, so module calls made there get the phase `optimizer`.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import re
 import threading
+from types import CodeType
 from typing import Any, Optional
 
 import torch
@@ -26,10 +31,24 @@ from . import dicts, shims, views
 
 ATTRS = tuple(attr for attr, _ in dicts.OPTIMIZER_DICTS)
 _READ = views.reads("self", ATTRS, r"_global_optimizer_(?:pre|post)_hooks")
+# The step wrapper's copied code runs with PyTorch's globals (see the module docstring): it reaches
+# hooktrace by `__import__`, never while Dynamo compiles (it cannot trace `__import__`; a dict is
+# read as it is then, as `hooktrace_view` would).
+_IMPORT = '__import__("hooktrace.capture.{0}", None, None, ("_",)).{1}'
+_COMPILING = "torch.compiler.is_compiling()"
+
+
+def _substitute(match: re.Match) -> str:
+    owner, attr, glob, method = match.group("owner", "attr", "glob", "method")
+    d, owner, attr = (glob, "None", glob) if glob is not None else (f"{owner}.{attr}", owner, attr)
+    view = _IMPORT.format("views", "hooktrace_view")
+    return f'({d} if not {d} or {_COMPILING} else {view}({d}, {owner}, "{attr}")).{method}()'
+
+
 # `with torch.autograd.profiler.record_function(profile_name):` in the step wrapper also marks the step
 _STEP_MARK = (
-    re.compile(r"\btorch\.autograd\.profiler\.record_function\(profile_name\)"),
-    "_hooktrace_step_scope(profile_name)",
+    re.compile(r"\b(torch\.autograd\.profiler\.record_function\(profile_name\))"),
+    rf"(\1 if {_COMPILING} else {_IMPORT.format('optim', 'step_scope')}(profile_name))",
 )
 _record_function: Any = torch.autograd.profiler.record_function
 
@@ -70,7 +89,7 @@ def copies() -> views._Copies:
             optim_module,
             _READ,
             (_STEP_MARK,),
-            {"_hooktrace_step_scope": step_scope},
+            substitute=_substitute,
         )
     return _made
 
@@ -87,9 +106,11 @@ def _classes() -> list[type]:
     return out
 
 
-def _step_code(profile_hook_step: Any) -> Any:
-    wrapper = views._plain(profile_hook_step)(lambda *a, **k: None)
-    return wrapper.__code__
+def _wrapper_code(profile_hook_step: Any) -> Optional[CodeType]:
+    """The code of the `wrapper` functions that `profile_hook_step` makes."""
+    fn = views._plain(profile_hook_step)
+    codes = [c for c in getattr(fn, "__code__", None).co_consts if isinstance(c, CodeType)] if fn else []
+    return codes[0] if len(codes) == 1 else None
 
 
 class Installed:
@@ -98,18 +119,21 @@ class Installed:
     def __init__(self) -> None:
         made = copies()
         self._saved: list[tuple[type, str, Any]] = []
-        self._copy_step = made.copies.get("profile_hook_step")
+        self._swapped: list[tuple[Any, CodeType]] = []  # (function, its own code)
+        own = vars(torch.optim.Optimizer).get("profile_hook_step")
+        copy = made.copies.get("profile_hook_step")
+        self._own_step = _wrapper_code(own)
+        self._copy_step = _wrapper_code(copy)
         try:
-            for name, copy in made.copies.items():
-                self._set(torch.optim.Optimizer, name, copy)
-            if self._copy_step is not None:
-                make = views._plain(self._copy_step)
+            for name, value in made.copies.items():
+                if name != "profile_hook_step":
+                    self._set(torch.optim.Optimizer, name, value)
+            if self._own_step is not None and self._copy_step is not None:
+                self._swap(views._plain(own), views._plain(copy).__code__)
                 for cls in _classes():
                     step = vars(cls).get("step")
-                    if step is not None and getattr(step, "hooked", None) and hasattr(step, "__wrapped__"):
-                        viewed = make(step.__wrapped__)
-                        viewed.hooked = True
-                        self._set(cls, "step", viewed)
+                    if getattr(step, "__code__", None) is self._own_step:
+                        self._swap(step, self._copy_step)
         except BaseException:
             self.restore()
             raise
@@ -118,18 +142,21 @@ class Installed:
         self._saved.append((cls, name, vars(cls)[name]))
         setattr(cls, name, value)
 
+    def _swap(self, fn: Any, code: CodeType) -> None:
+        self._swapped.append((fn, fn.__code__))
+        fn.__code__ = code
+
     def restore(self) -> None:
         while self._saved:
             cls, name, original = self._saved.pop()
             setattr(cls, name, original)
-        if self._copy_step is None:
+        while self._swapped:
+            fn, code = self._swapped.pop()
+            fn.__code__ = code
+        if self._copy_step is None or self._own_step is None:
             return
-        # classes first patched inside the block hold the copied wrapper: give them PyTorch's own
-        copied = _step_code(self._copy_step)
-        own = torch.optim.Optimizer.profile_hook_step
+        # wrappers made inside the block (classes first patched there) get PyTorch's code too
         for cls in _classes():
             step = vars(cls).get("step")
-            if getattr(step, "__code__", None) is copied:
-                fresh = own(step.__wrapped__)
-                fresh.hooked = True
-                cls.step = fresh
+            if getattr(step, "__code__", None) is self._copy_step:
+                step.__code__ = self._own_step

@@ -94,7 +94,8 @@ class _Copies:
     (pattern, replacement) pairs applied line by line (the forward read of `_call_impl`);
     `names` are extra globals of the copies' namespace; the methods named in `fast` call
     FAST_VIEW_NAME (the capture's own `view` while one is installed) instead of `hooktrace_view`.
-    `fast_edits` apply to those methods only (they never run while Dynamo compiles).
+    `fast_edits` apply to those methods only (they never run while Dynamo compiles). `substitute`
+    rewrites a `read` match in the other copies (default: a `hooktrace_view` call).
     """
 
     def __init__(
@@ -106,6 +107,7 @@ class _Copies:
         names: Optional[dict[str, Any]] = None,
         fast: frozenset[str] = frozenset(),
         fast_edits: tuple[tuple[re.Pattern, str], ...] = (),
+        substitute: Optional[Callable[[re.Match], str]] = None,
     ) -> None:
         self.originals: dict[str, Any] = {}
         self.copies: dict[str, Any] = {}
@@ -122,7 +124,7 @@ class _Copies:
             if not read.search("".join(lines)):
                 continue
             self.originals[name] = value
-            sub = _substitute(FAST_VIEW_NAME if name in fast else VIEW_NAME)
+            sub = _substitute(FAST_VIEW_NAME) if name in fast else substitute or _substitute(VIEW_NAME)
             out_lines = []
             own_edits = edits + fast_edits if name in fast else edits
             for line in lines:
