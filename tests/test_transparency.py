@@ -323,7 +323,7 @@ def test_torch_compile_fullgraph_with_hooks_is_unchanged_and_marked(no_global_ho
     no_hooktrace_objects(m)
     assert not [e for e in t.trace.events if e.type == "hook"]  # the hooks ran inside the graph
     rules = [s for s in t.trace.surprises if s.rule == "compiled"]
-    assert rules and "inside the compiled graph" in rules[0].message
+    assert rules and "inside the compiled code" in rules[0].message
     assert sorted(rules[0].hooks) == sorted(h.id for h in t.trace.hooks)
     assert not [s for s in t.trace.surprises if s.rule == "never-fired"]  # they ran, inside the graph
     torch._dynamo.reset()

@@ -57,35 +57,67 @@ def build_trace(pending: Pending) -> Trace:
     return trace
 
 
+# Kinds that run around a module call: under torch.compile, inside the compiled code or as Python.
+_CALL_KINDS = frozenset(
+    {"forward_pre", "forward", "forward_wrapper", "backward_pre", "backward", "backward_legacy"}
+)
+_FORWARD_KINDS = frozenset({"forward_pre", "forward", "forward_wrapper"})
+
+
 def compiled_calls(trace: Trace, pending: Pending) -> list[Surprise]:
-    """A `compiled` surprise per module that ran compiled: the capture saw the call, not its hooks."""
+    """A `compiled` surprise per module that ran compiled, naming the hooks the capture did not see.
+
+    Hooks that ran as Python (the module calls after a graph break, full backward hooks in backward)
+    are traced as usual; the surprise lists only the module-call hooks of the compiled module and its
+    submodules that were not seen firing: forward kinds with no event inside its compiled calls, backward
+    kinds with no event at all. They ran inside the compiled code or not at all.
+    """
     compiled = set(pending.compiled)
-    enters: dict[Optional[str], list[int]] = {}
-    for enter, _leave, _phase, module_id, *_ in islice(pending.module_calls, pending.n_module_calls):
+    windows: dict[Optional[str], list[tuple[int, int]]] = {}
+    for enter, leave, _phase, module_id, *_ in islice(pending.module_calls, pending.n_module_calls):
         if enter in compiled:
-            enters.setdefault(pending.paths.get(module_id), []).append(enter)
-    if not enters:
+            windows.setdefault(pending.paths.get(module_id), []).append((enter, leave))
+    if not windows:
         return []
     to_event = _raw_to_event_seqs(pending)
+    fired: dict[int, list[int]] = {}
+    for e in trace.events:
+        if e.type == "hook" and e.hook is not None:
+            fired.setdefault(e.hook, []).append(e.seq)
     out = []
-    for path, seqs in enters.items():
+    for path, calls in windows.items():
         label = ROOT if path == "" else (path if path is not None else "a module outside the model")
-        inside = [
-            h.id
-            for h in trace.hooks
-            if h.scope == "global" or (h.scope == "module" and _under(h.module, path))
-        ]
-        n = len(seqs)
+        spans = [(to_event.get(enter, -1), to_event.get(leave, -1)) for enter, leave in calls]
+        hidden = []
+        for h in trace.hooks:
+            if h.kind not in _CALL_KINDS or not (
+                h.scope == "global" or (h.scope == "module" and _under(h.module, path))
+            ):
+                continue
+            seqs = fired.get(h.id, ())
+            if h.kind in _FORWARD_KINDS:
+                seen = any(a < s < b for s in seqs for a, b in spans)
+            else:
+                seen = bool(seqs)
+            if not seen:
+                hidden.append(h.id)
+        if not hidden:
+            continue  # every hook of it ran as Python and is traced: nothing to say
+        n, k = len(calls), len(hidden)
         out.append(
             Surprise(
                 rule="compiled",
                 message=(
-                    f"`{label}` ran compiled by torch.compile ({n} call{'s' if n != 1 else ''}): the hooks of "
-                    "it and its submodules ran inside the compiled graph, so they are not traced one by one "
-                    "(trace the eager model to see their order)"
+                    f"`{label}` ran compiled by torch.compile ({n} call{'s' if n != 1 else ''}): {k} hook"
+                    f"{'s' if k != 1 else ''} of it and its submodules did not fire as Python calls, so "
+                    f"{'they are' if k != 1 else 'it is'} not traced one by one: "
+                    f"{'they' if k != 1 else 'it'} ran inside the compiled code (in its graph, or called from it), "
+                    "or not at all "
+                    "(trace the eager model to see their order). Hooks that ran as Python (after a "
+                    "graph break, in backward) are traced as usual"
                 ),
-                hooks=inside,
-                events=[to_event[s] for s in seqs if s in to_event],
+                hooks=hidden,
+                events=[to_event[enter] for enter, _ in calls if enter in to_event],
             )
         )
     return out

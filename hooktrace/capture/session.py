@@ -21,7 +21,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..schema import Meta, Module, Trace, gc_paused
-from . import autograd, build, dicts, optim, registry, shims, sites, views
+from . import autograd, build, dicts, dynamo, optim, registry, shims, sites, views
 from .records import HookBook, Site
 from .tensors import TensorNamer, hook_place, weak
 
@@ -139,6 +139,7 @@ class TraceSession:
 
     # -- install / restore ---------------------------------------------------------------
     def _install(self) -> None:
+        dynamo.skip_own_frames(shims.SHIM_CODES)  # once per process; later captures find nothing new
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._interceptor.install()
         module_call = shims.make_module_call(

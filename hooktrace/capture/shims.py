@@ -399,7 +399,7 @@ def make_module_call(
         try:
             if compiled is not None:
                 compiled_calls.append(seq)
-                result = compiled(*args, **kwargs)
+                result = run_compiled(self, compiled, args, kwargs)
             elif type(self)._call_impl is original_call_impl:
                 result = call_impl(self, *args, **kwargs)
             else:
@@ -418,13 +418,48 @@ def make_module_call(
         append((seq, next(counter), phase, key, tid, t0, t1, None))
         return result
 
+    def run_compiled(module: Any, compiled: Any, args: tuple, kwargs: dict) -> Any:
+        """A call of `torch.compile(f)` where f is `module`'s PyTorch `_call_impl` or `__call__`, made
+        with the `_call_impl` copy or this wrapper in its place.
+
+        `module.compile()` compiles the bound `_call_impl`, and `torch.compile(m)` made before the
+        block, of a model class of the user's, wraps the bound `__call__`. Dynamo sets its callback and
+        calls that method, whose frame it skips (PyTorch's file): the module's own hooks run as Python
+        from there. The copy (the same file name) and this wrapper (marked skipped, capture/dynamo.py)
+        are skipped alike, so Dynamo sees the same frames, and those hooks are traced.
+        """
+        cell = _fn_cell(compiled)
+        before = cell.cell_contents if cell is not None else None
+        func = getattr(before, "__func__", None)
+        if getattr(before, "__self__", None) is not module or func is None:
+            return compiled(*args, **kwargs)
+        if func is original_call_impl:
+            cell.cell_contents = call_impl.__get__(module)
+        elif func is original_call:
+            cell.cell_contents = hooktrace_module_call.__get__(module)
+        else:
+            return compiled(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            cell.cell_contents = before
+
     live = [True]  # emptied when the capture ends: `end(wrapper)`
     hooktrace_module_call.hooktrace_live = live  # type: ignore[attr-defined]
     # PyTorch (Dynamo) tells its own call wrapper by name; tracebacks still name this code
     hooktrace_module_call.__name__ = original_call.__name__
     hooktrace_module_call.__qualname__ = original_call.__qualname__
     hooktrace_module_call.__wrapped__ = original_call  # type: ignore[attr-defined]
+    hooktrace_module_call.run_compiled = run_compiled  # type: ignore[attr-defined]
     return hooktrace_module_call
+
+
+def _fn_cell(compiled: Any) -> Any:
+    """The cell holding the function `torch.compile` wraps (`fn` of its `compile_wrapper`), or None."""
+    code = getattr(compiled, "__code__", None)
+    if code is None or "fn" not in code.co_freevars or compiled.__closure__ is None:
+        return None
+    return compiled.__closure__[code.co_freevars.index("fn")]
 
 
 def end_module_call(wrapper: Any) -> None:

@@ -185,6 +185,7 @@ _OUTPUT_READS = (
     ),
 )
 _on_output: Optional[Callable[[Any, Any], None]] = None
+_run_compiled: Optional[Callable[[Any, Any, tuple, dict], Any]] = None  # shims.make_module_call's
 
 
 def hooktrace_output(module: Any, result: Any) -> Any:
@@ -199,8 +200,18 @@ def hooktrace_forward(module: Any) -> Any:
     """What `_call_impl`'s copy calls as `forward`: a recording shim when `forward` is the instance's own."""
     viewer = _viewer
     md = module.__dict__
-    if viewer is None or "forward" not in md or _is_compiling() or "_orig_mod" in md.get("_modules", ()):
-        return module.forward  # not a capture, or torch.compile(m)'s own forward (the call is recorded)
+    if viewer is None or "forward" not in md or _is_compiling():
+        return module.forward  # not a capture
+    if "_orig_mod" in md.get("_modules", ()):  # torch.compile(m)'s own forward (the call is recorded)
+        run = _run_compiled
+        if run is None:
+            return module.forward
+        compiled, inner = md["forward"], md["_modules"]["_orig_mod"]
+
+        def hooktrace_compiled_forward(*args: Any, **kwargs: Any) -> Any:
+            return run(inner, compiled, args, kwargs)  # m's own `__call__` in it: its hooks are traced
+
+        return hooktrace_compiled_forward
     forward = md["forward"]
     if getattr(forward, "__self__", None) is module and getattr(forward, "__func__", None) is getattr(
         type(module), "forward", None
@@ -233,13 +244,14 @@ class Installed:
     def __init__(
         self, viewer: Viewer, module_call: Callable[..., Any], on_output: Callable[[Any, Any], None]
     ) -> None:
-        global _viewer, _on_output
+        global _viewer, _on_output, _run_compiled
         made = copies()
         self._saved: list[tuple[str, Any]] = []
         if _viewer is not None:
             raise RuntimeError("another capture's views are installed")
         _viewer = viewer
         _on_output = on_output
+        _run_compiled = getattr(module_call, "run_compiled", None)
         self._namespace = made.namespace
         try:
             self._namespace[FAST_VIEW_NAME] = viewer.view
@@ -257,9 +269,10 @@ class Installed:
         setattr(torch.nn.Module, name, value)
 
     def restore(self) -> None:
-        global _viewer, _on_output
+        global _viewer, _on_output, _run_compiled
         _viewer = None
         _on_output = None
+        _run_compiled = None
         self._namespace[FAST_VIEW_NAME] = hooktrace_view  # inert now: returns the dict itself
         while self._saved:
             name, original = self._saved.pop()

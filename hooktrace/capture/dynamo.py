@@ -1,0 +1,113 @@
+"""Dynamo never compiles hooktrace's own frames: it sees what it would see untraced.
+
+Under `torch.compile`, Dynamo's frame callback stays set while a compiled function runs: after a
+graph break, the Python code that runs eagerly (the module call that broke the graph, the hooks it
+calls) has each of its frames offered to Dynamo, which compiles user code and skips PyTorch's own
+files (`torch/nn/modules/module.py`, and the copies made from it under the same name). hooktrace's
+frames — the module-call wrapper, the shims, the views — are neither, so Dynamo compiled them as
+frames of their own: graphs and frames that an untraced run does not have (3 graphs for 2, 21
+frames for 2), and compiled code in which `torch.compiler.is_compiling()` was folded to True, so
+that the views handed PyTorch the hook dicts themselves and hooks that ran as Python (full backward
+hooks, after the break) were not traced.
+
+Each code object of hooktrace is marked as Dynamo marks its own helpers (`skip_code`): the frame
+runs as plain Python. The frames that call user code (the shims call the hook, the module-call
+wrapper calls `forward` and the hooks, the comm-hook wrapper calls the user's comm hook) let Dynamo
+see the frames they call, as the untraced code would; the others (views, records, call sites) hide
+theirs too (`os.path`, `inspect`), which an untraced run never runs. Inlining is not affected: while
+Dynamo traces a compiled frame it still inlines the wrapper, which hands it PyTorch's own
+`_wrapped_call_impl`. This uses PyTorch's C extension directly, so a capture does not import
+`torch._dynamo` (seconds) for a model that is never compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+try:
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+except ImportError:  # a torch without Dynamo, or one without frame strategies
+    set_code_exec_strategy = None  # type: ignore[assignment]
+
+# the frames of hooktrace that call user code (hooks, forward): Dynamo sees what they call
+CALLS_USER_CODE = frozenset(
+    {
+        "hooktrace_shim",
+        "hooktrace_module_call",
+        "hooktrace_comm_hook",
+        "run_compiled",
+        "hooktrace_compiled_forward",
+    }
+)
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the hooktrace package folder
+_done: set[types.CodeType] = set()
+
+
+def _ours(code: types.CodeType) -> bool:
+    return code.co_filename.startswith((_HERE, "<hooktrace"))
+
+
+def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    """`code` and every code object nested in it (inner functions, comprehensions, lambdas)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _nested(const)
+
+
+def _codes_of(value: Any, in_our_class: bool = False) -> Iterator[types.CodeType]:
+    """Code objects of `value` that are hooktrace's: its own file, or generated for one of its classes."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        for accessor in (value.fget, value.fset, value.fdel):
+            if accessor is not None:
+                yield from _codes_of(accessor, in_our_class)
+        return
+    code = value if isinstance(value, types.CodeType) else getattr(value, "__code__", None)
+    if isinstance(code, types.CodeType):
+        # dataclass methods are generated (`<string>`) for our classes; a decorator's code that only
+        # carries our function's name (contextlib's `helper`) is not ours
+        if _ours(code) or (in_our_class and code.co_filename == "<string>"):
+            yield from _nested(code)
+    wrapped = getattr(value, "__wrapped__", None)  # functools.cache, functools.wraps
+    if wrapped is not None and wrapped is not value:
+        yield from _codes_of(wrapped)
+
+
+def own_codes(extra: Iterable[types.CodeType] = ()) -> set[types.CodeType]:
+    """Every code object defined in hooktrace's loaded modules (functions, methods, nested code)."""
+    found: set[types.CodeType] = set()
+    for code in extra:
+        found.update(_nested(code))
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "hooktrace" or name.startswith("hooktrace.")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type):
+                if value.__module__ == name:
+                    for attr in list(vars(value).values()):
+                        found.update(_codes_of(attr, in_our_class=True))
+            elif isinstance(value, dict):  # compiled templates kept by key (the shims')
+                for item in list(value.values()):
+                    found.update(_codes_of(item))
+            else:
+                found.update(_codes_of(value))
+    return found
+
+
+def skip_own_frames(extra: Iterable[types.CodeType] = ()) -> int:
+    """Mark hooktrace's code objects (and `extra`) as frames Dynamo skips; returns how many were new."""
+    if set_code_exec_strategy is None:
+        return 0
+    new = own_codes(extra) - _done
+    calls_user = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+    own_only = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    for code in new:
+        set_code_exec_strategy(code, calls_user if code.co_name in CALLS_USER_CODE else own_only)
+    _done.update(new)
+    return len(new)

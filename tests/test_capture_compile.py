@@ -1,0 +1,271 @@
+"""torch.compile traced vs untraced: the same graphs, the same results, and every hook that ran as
+Python in the trace, in the order the hooks recorded themselves.
+
+The oracle is the hooks' own record: each hook appends `(label, torch.compiler.is_compiling())`.
+Dynamo replays that append for a hook it compiled into a graph with `True` (it folds the call);
+a hook called as Python appends `False` — when its own frame is not compiled by Dynamo, which the
+exact-order tests ensure with `skip_code` on the hooks' code (it affects only frames run on their
+own, never inlining into a graph). So the record says which hooks ran as Python (those hooktrace
+must trace, in that order) and which ran inside the graph (those the `compiled` surprise may
+name), independently of hooktrace. With ordinary hooks (their frames compiled by Dynamo when
+called as Python) the graphs, frames and results are compared too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.modules.module as nn_module
+from torch import nn
+
+import hooktrace
+
+dynamo = pytest.importorskip("torch._dynamo")
+from torch._dynamo.testing import CompileCounter  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+Setup = Callable[[nn.Module, "Record"], None]
+
+
+class Record:
+    """Hooks that log `(label, compiling)` and remember their handle ids."""
+
+    def __init__(self, own_frames: bool) -> None:
+        self.log: list[tuple[str, bool]] = []
+        self.labels: dict[int, str] = {}
+        self.own_frames = own_frames  # False: Dynamo never compiles a hook's frame on its own
+
+    def hook(self, label: str) -> Callable[..., None]:
+        log = self.log
+
+        def hook(*args: Any) -> None:
+            log.append((label, torch.compiler.is_compiling()))
+
+        if not self.own_frames:
+            dynamo.eval_frame.skip_code(hook.__code__)
+        return hook
+
+    def on(self, module: nn.Module, kind: str, label: str) -> None:
+        register = {
+            "forward_pre": module.register_forward_pre_hook,
+            "forward": module.register_forward_hook,
+            "backward_pre": module.register_full_backward_pre_hook,
+            "backward": module.register_full_backward_hook,
+        }[kind]
+        self.labels[register(self.hook(label)).id] = label
+
+    def python(self) -> list[str]:
+        return [label for label, compiling in self.log if not compiling]
+
+    def in_graph(self) -> set[str]:
+        return {label for label, compiling in self.log if compiling}
+
+
+class Net(nn.Module):
+    """A model class of the user's (torch.compile wraps its `__call__`, not an inlined torch.nn one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.last = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(torch.relu(self.first(x)))
+
+
+def _subs(m: nn.Module) -> tuple[nn.Module, nn.Module]:
+    return (m[0], m[2]) if isinstance(m, nn.Sequential) else (m.first, m.last)
+
+
+def _sub_backward(m: nn.Module, r: Record) -> None:  # the issue's case: a graph break at the first layer
+    first, last = _subs(m)
+    r.on(first, "backward", "bw0")
+    r.on(first, "forward_pre", "pre0")
+    r.on(last, "forward", "fwd2")
+
+
+def _only_forward(m: nn.Module, r: Record) -> None:  # no graph break
+    first, last = _subs(m)
+    r.on(m, "forward_pre", "root_pre")
+    r.on(first, "forward_pre", "pre0")
+    r.on(last, "forward", "fwd2")
+    r.on(m, "forward", "root_fwd")
+
+
+def _root_and_subs(m: nn.Module, r: Record) -> None:  # backward hooks on the root and a submodule
+    first, last = _subs(m)
+    r.on(m, "forward_pre", "root_pre")
+    r.on(m, "backward", "root_bw")
+    r.on(last, "backward_pre", "bwpre2")
+    r.on(last, "forward", "fwd2")
+    r.on(first, "backward", "bw0")
+
+
+SETUPS = {"sub_backward": _sub_backward, "only_forward": _only_forward, "root_and_subs": _root_and_subs}
+
+
+def _model(setup: Setup, own_frames: bool = True, net: bool = False) -> tuple[nn.Module, Record]:
+    torch.manual_seed(0)
+    m = Net() if net else nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    r = Record(own_frames)
+    setup(m, r)
+    return m, r
+
+
+def _run(setup: Setup, how: str, fullgraph: bool, traced: bool, own_frames: bool) -> dict[str, Any]:
+    """Two compiled steps; what Dynamo did (counters, CompileCounter), results and the hooks' record.
+
+    how: "wrapper" (`torch.compile(m)` inside the block), "before" (made before the block), "method"
+    (`m.compile()`); a "-net" suffix uses a model class of the user's instead of nn.Sequential.
+    """
+    dynamo.reset()
+    counters.clear()
+    m, r = _model(setup, own_frames, net=how.endswith("-net"))
+    how = how.removesuffix("-net")
+    backend = CompileCounter()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    seen: dict[str, Any] = {}
+
+    early = torch.compile(m, backend=backend, fullgraph=fullgraph) if how == "before" else None
+
+    def steps() -> None:
+        if early is not None:
+            c: nn.Module = early
+        elif how == "wrapper":
+            c = torch.compile(m, backend=backend, fullgraph=fullgraph)
+        else:
+            m.compile(backend=backend, fullgraph=fullgraph)
+            c = m
+        outs = []
+        for _ in range(2):
+            out = c(x)
+            out.sum().backward()
+            outs.append(out.detach())
+        seen["tensors"] = [*outs, x.grad, *(p.grad for p in m.parameters())]
+
+    try:
+        if traced:
+            with hooktrace.trace(m) as t:
+                steps()
+            seen["trace"] = t.trace
+        else:
+            steps()
+    except Exception as exc:  # noqa: BLE001 - compared between the two runs
+        seen["error"] = type(exc).__name__
+    seen["dynamo"] = (
+        backend.frame_count,
+        backend.op_count,
+        dict(counters["frames"]),
+        dict(counters["stats"]),
+    )
+    seen["record"] = r
+    return seen
+
+
+@pytest.fixture
+def no_global_hooks() -> Any:
+    """Global hooks other tests left behind would make torch.compile(m) warn (and fire them twice)."""
+    saved = {
+        n: dict(d) for n, d in vars(nn_module).items() if n.startswith("_global_") and isinstance(d, dict)
+    }
+    for name in saved:
+        getattr(nn_module, name).clear()
+    yield
+    for name, entries in saved.items():
+        getattr(nn_module, name).update(entries)
+    dynamo.reset()
+
+
+def _compare(setup: str, how: str, fullgraph: bool, own_frames: bool) -> None:
+    plain = _run(SETUPS[setup], how, fullgraph, False, own_frames)
+    traced = _run(SETUPS[setup], how, fullgraph, True, own_frames)
+    # the same graphs, frames and ops as untraced, and the same error where fullgraph cannot compile
+    assert traced["dynamo"] == plain["dynamo"]
+    assert traced.get("error") == plain.get("error")
+    r_plain, r_traced = plain["record"], traced["record"]
+    assert r_traced.log == r_plain.log  # the same hooks ran, the same way, in the same order
+    if "error" in plain:
+        return
+    for a, b in zip(plain["tensors"], traced["tensors"]):
+        assert torch.equal(a, b)  # bitwise
+    trace = traced["trace"]
+    order = [r_traced.labels[e.hook] for e in trace.events if e.type == "hook" and e.hook in r_traced.labels]
+    if own_frames:  # the record cannot tell a hook inlined into a graph from one whose own frame compiled
+        assert set(order) <= {label for label, _ in r_traced.log}
+        return
+    # every hook that ran as Python is traced, in the order the hooks recorded themselves
+    assert order == r_traced.python()
+    # the `compiled` surprise names only hooks that did not run as Python: those inside the graph
+    named = {r_traced.labels[h] for s in trace.surprises if s.rule == "compiled" for h in s.hooks}
+    assert named == r_traced.in_graph() - set(r_traced.python())
+    if not named:
+        assert not [s for s in trace.surprises if s.rule == "compiled"]
+    assert not [s for s in trace.surprises if s.rule == "never-fired"]
+
+
+CASES = [
+    (setup, how, fullgraph)
+    for setup in SETUPS
+    for how in ("wrapper", "before", "method", "wrapper-net", "before-net", "method-net")
+    for fullgraph in (False, True)
+]
+QUICK = {
+    ("sub_backward", "wrapper", False),
+    ("only_forward", "method", True),
+    ("root_and_subs", "before-net", False),
+}
+
+
+def _id(case: tuple) -> str:
+    return f"{case[0]}-{case[1]}-{'fullgraph' if case[2] else 'breaks'}"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Dynamo's graph-break and full-backward-hook warnings
+@pytest.mark.parametrize("case", sorted(QUICK), ids=_id)
+def test_compiled_model_same_graphs_python_hooks_traced_in_order(case: tuple, no_global_hooks: None) -> None:
+    _compare(*case, own_frames=False)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("own_frames", [False, True], ids=["hook-frames-skipped", "hook-frames-compiled"])
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_compiled_model_every_setup(case: tuple, own_frames: bool, no_global_hooks: None) -> None:
+    _compare(*case, own_frames=own_frames)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_compiled_model_ordinary_hooks_same_graphs(no_global_hooks: None) -> None:
+    """Hooks whose own frames Dynamo compiles when PyTorch calls them: still the same graphs and frames."""
+    _compare("sub_backward", "wrapper", False, own_frames=True)
+
+
+def _explain(m: nn.Module, x: torch.Tensor) -> tuple:
+    e = dynamo.explain(m)(x)
+    return e.graph_count, e.graph_break_count, e.op_count, [str(b.reason) for b in e.break_reasons]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_dynamo_explain_gives_the_same_answer_inside_the_block(setup: str, no_global_hooks: None) -> None:
+    x = torch.randn(3, 4)
+    dynamo.reset()
+    plain = _explain(_model(SETUPS[setup])[0], x)
+    dynamo.reset()
+    m = _model(SETUPS[setup])[0]
+    with hooktrace.trace(m):
+        traced = _explain(m, x)
+    assert traced == plain
+
+
+def test_only_hooktrace_code_is_hidden_from_dynamo() -> None:
+    """The frames marked for Dynamo to skip are hooktrace's own, and the shims and the wrapper among them."""
+    from hooktrace.capture import dynamo as own
+    from hooktrace.capture import shims
+
+    codes = own.own_codes(shims.SHIM_CODES)
+    assert {c.co_name for c in codes} >= own.CALLS_USER_CODE
+    for code in codes:
+        assert code.co_filename.startswith((own._HERE, "<hooktrace")) or code.co_filename == "<string>", code
