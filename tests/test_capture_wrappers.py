@@ -5,6 +5,7 @@ Every hook logs its own label as it runs; hooktrace's order must equal that log.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -41,8 +42,9 @@ def test_forward_wrapper_runs_between_pre_hooks_and_forward_hooks():
     assert (wrapper.scope, wrapper.module, wrapper.name) == (
         "module",
         "0",
-        "partial(add_hook_to_module.<locals>.new_forward)",
+        "partial(add_hook_to_module.<locals>.new_forward) → Linear.forward",
     )
+    assert wrapper.defined_at.startswith("tests/training_hooks.py:")  # the wrapper's code, not torch's
     assert wrapper.id >= SYNTHETIC_BASE
     order = [
         trace.hook(e.hook).name for e in trace.hook_events() if e.module == "0"
@@ -92,6 +94,104 @@ def test_accelerate_add_hook_to_module_if_installed():
     assert L.log == ["pre", "accelerate_pre", "fwd"]
     kinds = [e.kind for e in t.trace.hook_events() if e.module == "0"]
     assert kinds == ["forward_pre", "forward_wrapper", "forward"]
+
+
+def _wraps_closure(module: nn.Module, log: list[str]) -> str:
+    orig = module.forward
+
+    @functools.wraps(orig)
+    def my_wrapper(*args: Any, **kwargs: Any) -> Any:
+        log.append("wrapper")
+        return orig(*args, **kwargs)
+
+    module.forward = my_wrapper
+    return "_wraps_closure.<locals>.my_wrapper → Linear.forward"
+
+
+def _plain_closure(module: nn.Module, log: list[str]) -> str:
+    orig = module.forward
+
+    def plain(*args: Any) -> Any:  # no functools.wraps: what it wraps is the one callable it holds
+        log.append("wrapper")
+        return orig(*args)
+
+    module.forward = plain
+    return "_plain_closure.<locals>.plain → Linear.forward"
+
+
+def _logged_forward(module: nn.Module, log: list[str], *args: Any) -> Any:
+    log.append("wrapper")
+    return type(module).forward(module, *args)
+
+
+def _partial(module: nn.Module, log: list[str]) -> str:
+    module.forward = functools.partial(_logged_forward, module, log)
+    return "partial(_logged_forward)"
+
+
+class _CallableWrapper:
+    def __init__(self, forward: Any, log: list[str]) -> None:
+        functools.update_wrapper(self, forward)
+        self.log = log
+
+    def __call__(self, *args: Any) -> Any:
+        self.log.append("wrapper")
+        return self.__wrapped__(*args)
+
+
+def _callable_object(module: nn.Module, log: list[str]) -> str:
+    module.forward = _CallableWrapper(module.forward, log)
+    return "_CallableWrapper → Linear.forward"
+
+
+def _accelerate(module: nn.Module, log: list[str]) -> str:
+    hooks = pytest.importorskip("accelerate.hooks")
+
+    class Logged(hooks.ModelHook):
+        def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            log.append("wrapper")
+            return args, kwargs
+
+    hooks.add_hook_to_module(module, Logged())
+    return "partial(add_hook_to_module.<locals>.new_forward) → Linear.forward"
+
+
+WRAPPER_STYLES = {
+    "functools.wraps": (_wraps_closure, __file__),
+    "closure": (_plain_closure, __file__),
+    "partial": (_partial, __file__),
+    "callable object": (_callable_object, __file__),
+    "accelerate": (_accelerate, "accelerate/hooks.py"),
+}
+
+
+@pytest.mark.parametrize("style", list(WRAPPER_STYLES))
+def test_forward_wrappers_are_named_by_their_own_code(style: str) -> None:
+    """A forward wrapper is named and placed by its own code, then what it wraps; traced == untraced."""
+    make, where = WRAPPER_STYLES[style]
+
+    def run(traced: bool) -> tuple:
+        m = model()
+        L = Log()
+        m[0].register_forward_pre_hook(L.fn("pre"))
+        m[0].register_forward_hook(L.fn("fwd"))
+        expected = make(m[0], L.log)
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+        if not traced:
+            return m(x), L.log, None, expected
+        with hooktrace.trace(m) as t:
+            y = m(x)
+        return y, L.log, t.trace, expected
+
+    plain, (y, log, trace, expected) = run(False), run(True)
+    assert torch.equal(plain[0], y) and plain[1] == log == ["pre", "wrapper", "fwd"]
+    [wrapper] = [h for h in trace.hooks if h.kind == "forward_wrapper"]
+    assert wrapper.name == expected
+    assert "linear.py" not in wrapper.defined_at
+    file = os.path.relpath(where) if os.path.isabs(where) else where
+    assert wrapper.defined_at.rsplit(":", 1)[0] == file
+    order = [trace.hook(e.hook).name for e in trace.hook_events() if e.module == "0"]
+    assert order == ["hook_pre", expected, "hook_fwd"]  # the order the hooks recorded
 
 
 # -- DDP communication hooks ---------------------------------------------------------------------

@@ -92,8 +92,10 @@ class HookBook:
             kind=kind,
             scope=scope,
             owner=owner,
-            name=sites.hook_name(fn),
-            defined_at=sites.defined_at(fn),
+            name=sites.forward_wrapper_name(fn) if kind == "forward_wrapper" else sites.hook_name(fn),
+            defined_at=sites.forward_wrapper_defined_at(fn)
+            if kind == "forward_wrapper"
+            else sites.defined_at(fn),
             with_kwargs=with_kwargs,
             always_call=always_call,
         )

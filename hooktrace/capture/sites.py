@@ -164,6 +164,70 @@ def defined_at(fn: Any) -> Optional[str]:
     return _where(code)
 
 
+# -- forward wrappers: named by their own code ----------------------------------------------
+# A `forward` set on a module instance is the user's (or a library's) own code standing in for the
+# class's forward: `functools.wraps` gives it the wrapped method's `__qualname__` and `__wrapped__`,
+# which would name it `Linear.forward` at torch/nn/modules/linear.py. For this kind the wrapper's
+# own code wins over SPEC's "follow __wrapped__" (which is for decorated hooks, whose wrapped
+# function is the user's): the name is its code's, then what it wraps (`my_wrapper → Linear.forward`).
+
+
+def _own_code(fn: Any) -> Any:
+    """The code that runs when `fn` is called: a partial's `func`, a method's function, a function's
+    own code object (not what `__wrapped__` points to), a callable object's class `__call__`."""
+    fn = _unwrap_callable(fn)
+    for _ in range(8):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif inspect.ismethod(fn):
+            fn = fn.__func__
+        else:
+            break
+    code = getattr(fn, "__code__", None)
+    if code is None and not inspect.isfunction(fn):
+        call = inspect.getattr_static(type(fn), "__call__", None)
+        code = getattr(call, "__code__", None)
+    return code
+
+
+def _own_name(fn: Any) -> str:
+    fn = _unwrap_callable(fn)
+    if isinstance(fn, functools.partial):
+        return f"partial({_own_name(fn.func)})"
+    if inspect.ismethod(fn):
+        return f"{type(fn.__self__).__qualname__}.{fn.__func__.__code__.co_name}"
+    if isinstance(fn, FunctionType):
+        return getattr(fn.__code__, "co_qualname", fn.__code__.co_name)
+    return hook_name(fn)
+
+
+def _wraps(fn: Any) -> Optional[Any]:
+    """What a forward wrapper stands for: its `__wrapped__` (functools.wraps, update_wrapper), or the one
+    callable a closure holds."""
+    wrapped = getattr(fn, "__wrapped__", None)
+    if wrapped is not None and wrapped is not fn:
+        return wrapped
+    if type(fn) is _FUNCTION:
+        return _wrapped_by_closure(fn)
+    return None
+
+
+def forward_wrapper_name(fn: Any) -> str:
+    """`my_wrapper → Linear.forward`: the wrapper's own name, then what it wraps (when it says)."""
+    own = _own_name(fn)
+    inner = _wraps(fn)
+    if inner is None:
+        return own
+    inner_name = hook_name(inner)
+    return own if inner_name == own else f"{own} → {inner_name}"
+
+
+def forward_wrapper_defined_at(fn: Any) -> Optional[str]:
+    """`file:line` of the wrapper's own code, not of what it wraps."""
+    code = _own_code(fn)
+    return _where(code) if code is not None else None
+
+
 def _where(code: Any) -> str:
     return _where_in(code, os.getcwd())
 
