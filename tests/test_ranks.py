@@ -248,7 +248,15 @@ def _hooktrace(*args: str, env: dict[str, str]) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize(("sig", "nproc", "code"), [(signal.SIGTERM, 2, 143), (signal.SIGINT, 1, 130)])
+@pytest.mark.parametrize(
+    ("sig", "nproc", "code"),
+    [
+        (signal.SIGTERM, 2, 143),
+        (signal.SIGINT, 1, 130),
+        (signal.SIGHUP, 2, 129),  # the terminal closed: the ranks keep their partial traces too
+        pytest.param(signal.SIGQUIT, 1, 131, marks=pytest.mark.slow),  # forwarded as SIGTERM
+    ],
+)
 def test_a_signal_to_run_nproc_stops_every_rank_and_writes_the_partial_traces(
     hanging: Path, sig: signal.Signals, nproc: int, code: int
 ) -> None:

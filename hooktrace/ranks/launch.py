@@ -4,14 +4,14 @@
 once per rank, each in its own session, with the environment torchrun gives its workers (RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT of a TCPStore this process hosts, as torch's agent
 does with TORCHELASTIC_USE_AGENT_STORE) and an elastic error file per rank (the worker's `@record`
-writes its exception and traceback there). The returned `PContext` is polled: as soon as one rank
-fails it stops the others itself (PyTorch's all-or-nothing policy). On top of that:
+writes its exception and traceback there). The ranks are polled: as soon as one fails, the others
+are stopped (PyTorch's all-or-nothing policy, applied here so that a rank hooktrace stopped is told
+from one a signal killed: the OOM killer's SIGKILL, someone's SIGTERM). On top of that:
 
 - `--timeout S` (see `run_ranks`): a rank that stops making progress, or outlives another by S
   seconds, is stopped with every other rank, and reported `hung`;
-- SIGINT / SIGTERM / SIGHUP to this process (our handlers raise `Interrupted`, the `PContext`'s
-  torch's `SignalException`) stop every rank; each writes its partial trace, and the result says
-  which signal it was.
+- SIGINT / SIGTERM / SIGHUP / SIGQUIT to this process (our handlers raise `Interrupted`) stop
+  every rank; each writes its partial trace, and the result says which signal it was.
 
 Then every `PATH.rank{r}.json` is loaded and the ranks' hook orders are compared
 (`hooktrace.analysis.ranks.compare_ranks`, pure). torch is imported inside `run_ranks` only.
@@ -48,7 +48,7 @@ from .result import (
     RanksResult,
     rank_trace_path,
 )
-from .worker import NOTES_KEY, PROGRESS_KEY
+from .worker import NOTES_KEY, PROGRESS_KEY, STOP_SIGNALS
 
 # Joining the group waits for every rank to import torch and start; a loaded machine needs time.
 JOIN_TIMEOUT = 300.0
@@ -56,7 +56,8 @@ JOIN_TIMEOUT = 300.0
 STOP_GRACE = 10
 _POLL = 0.1
 _WORKER = "hooktrace.ranks"
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What stops the launcher (torch's agent handles the same four); a signal found ignored (nohup) stays so.
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _PHASE_WORDS = {
     "starting": "starting (importing torch)",
     "joining": "joining the process group",
@@ -127,7 +128,7 @@ def run_ranks(
     Past it, every rank is stopped (SIGTERM, SIGKILL after 10 s) and writes its partial trace.
 
     Raises UsageError for bad arguments; every rank's failure is reported in the result instead.
-    SIGINT / SIGTERM / SIGHUP stop every rank and are reported in `RanksResult.interrupted`.
+    SIGINT / SIGTERM / SIGHUP / SIGQUIT stop every rank and are reported in `RanksResult.interrupted`.
     """
     if nproc < 1:
         raise UsageError(f"--nproc {nproc}: give at least 1")
@@ -170,7 +171,7 @@ def run_ranks(
 
 
 class Interrupted(Exception):
-    """SIGINT/SIGTERM/SIGHUP while ranks may run (the PContext's own handlers raise torch's
+    """SIGINT/SIGTERM/SIGHUP/SIGQUIT while ranks may run (the PContext's own handlers raise torch's
     SignalException, with the same `sigval`)."""
 
     def __init__(self, signum: int) -> None:
@@ -190,14 +191,14 @@ def _stop_signals() -> tuple[type[Exception], ...]:
 
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[dict[str, int]]:
-    """While ranks may run, SIGINT/SIGTERM/SIGHUP raise (installed before torch is imported); the
+    """While ranks may run, SIGINT/SIGTERM/SIGHUP/SIGQUIT raise (installed before torch is imported); the
     handlers found are restored afterwards. A signal that arrives outside the launch (while the
     traces are read) is recorded in the yielded dict and ends the reading."""
     main = threading.current_thread() is threading.main_thread()  # only there can handlers be set
     saved = {sig: signal.getsignal(sig) for sig in _SIGNALS} if main else {}
     seen: dict[str, int] = {}
-    for sig in saved:
-        signal.signal(sig, _raise_interrupted)
+    for sig, handler in saved.items():
+        signal.signal(sig, signal.SIG_IGN if handler is signal.SIG_IGN else _raise_interrupted)
     elastic = logging.getLogger("torch.distributed.elastic")
     quiet = logging.NullHandler()  # its warnings ("Sending process ... closing signal") are ours to say
     elastic.addHandler(quiet)
@@ -251,7 +252,10 @@ class _Watch:
         self.hung: dict[int, str] = {}
         self.timed_out: Optional[str] = None
         self.interrupted: Optional[int] = None
-        self.stopping = False  # hooktrace itself stopped the ranks (timeout, signal)
+        # The ranks still running when hooktrace stopped them (another rank failed, timeout, signal)
+        # and the signal sent: what ended them is ours, not their own failure.
+        self.stopped: set[int] = set()
+        self.stop_signal: Optional[signal.Signals] = None
         self.pc: Any = None
         self.store: Any = None
 
@@ -263,6 +267,10 @@ class _Watch:
             from torch.distributed import TCPStore
             from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
+            main = threading.current_thread() is threading.main_thread()
+            ours = (
+                {sig: signal.getsignal(sig) for sig in _SIGNALS} if main else {}
+            )  # the PContext sets its own
             self.store = TCPStore("127.0.0.1", 0, None, is_master=True, timeout=wait, wait_for_workers=False)
             self.pc = start_processes(
                 name="hooktrace",
@@ -271,24 +279,34 @@ class _Watch:
                 envs={r: _rank_env(r, self.nproc, self.store.port, run_id) for r in range(self.nproc)},
                 logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
             )
+            for sig, handler in ours.items():  # ours raise as torch's do; an ignored signal stays so
+                signal.signal(sig, handler)
             while not self._done():
                 time.sleep(_POLL)
         except _stop_signals() as exc:
             self.interrupted = int(exc.sigval)
-            self._stop(exc.sigval)
+            # The ranks keep their partial traces on the signals they handle; for others, SIGTERM.
+            self._stop(exc.sigval if exc.sigval in STOP_SIGNALS else signal.SIGTERM)
         now = time.monotonic()
         for r in range(self.nproc):
             self.ended.setdefault(r, now)
 
     def _done(self) -> bool:
         now = time.monotonic()
+        failed = False
         for r, handler in self.pc.subprocess_handlers.items():
-            if r not in self.ended and handler.proc.poll() is not None:
-                self.ended[r] = now
+            code = handler.proc.poll()
+            if code is not None:
+                self.ended.setdefault(r, now)
+                failed = failed or code != 0
             phase = self._read(PROGRESS_KEY.format(rank=r))
             if phase is not None and phase != self.phase.get(r):
                 self.phase[r], self.since[r] = phase, now
-        if self.pc.wait(0) is not None:  # every rank ended, or one failed and the PContext stopped the rest
+        if len(self.ended) == self.nproc:
+            self.pc.close()  # nothing left to stop: closes the PContext's log files
+            return True
+        if failed:  # PyTorch's all-or-nothing policy, applied here so we know who was stopped
+            self._stop(signal.SIGTERM)
             return True
         self.hung = self._overdue(now)
         if not self.hung:
@@ -318,10 +336,14 @@ class _Watch:
         """Stop every rank: `sig` to each rank's process group, SIGKILL after STOP_GRACE seconds."""
         if self.pc is None:
             return
-        self.stopping = True
+        if self.stop_signal is None:
+            self.stop_signal = sig
+            handlers = self.pc.subprocess_handlers.items()
+            self.stopped = {r for r, h in handlers if r not in self.ended and h.proc.poll() is None}
         try:
             self.pc.close(death_sig=sig, timeout=STOP_GRACE)
-        except _stop_signals():  # asked again while waiting: no more grace
+        except _stop_signals() as exc:  # asked again while waiting: no more grace
+            self.interrupted = self.interrupted or int(exc.sigval)
             self.pc.close(death_sig=signal.SIGKILL, timeout=STOP_GRACE)
 
     def _read(self, key: str) -> Optional[str]:
@@ -370,15 +392,17 @@ class _Watch:
                 text = text.removeprefix(prefix)
             outcome.error = text
             outcome.traceback = message.get("extraInfo", {}).get("py_callstack")
+            self._stopped_from_outside(outcome)
             return
         code = outcome.exitcode
         if outcome.state == STOPPED:
             outcome.error = "stopped before it began tracing"
+            self._stopped_from_outside(outcome)
             return
         if code is None:
             outcome.error = "the rank's process did not end, even after SIGKILL"
             return
-        if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL) and self._stopped(outcome):
+        if code < 0 and outcome.rank in self.stopped and -code in (self.stop_signal, signal.SIGKILL):
             # ours: it ended before its handler was in place, or did not end within the grace
             outcome.state, outcome.error = STOPPED, f"stopped by {_signal_name(-code)}"
             return
@@ -389,6 +413,13 @@ class _Watch:
         said = self._last_words(outcome)
         if said:
             outcome.error += f"; {said}"
+
+    def _stopped_from_outside(self, outcome: RankOutcome) -> None:
+        """A rank that stopped on a signal hooktrace did not send (someone else's SIGTERM, SIGINT or
+        SIGHUP: it kept its partial trace) died; it was not stopped because another rank failed."""
+        if outcome.state == STOPPED and outcome.rank not in self.stopped:
+            outcome.state = DIED
+            outcome.error = f"{outcome.error} (a signal hooktrace did not send)"
 
     def _last_words(self, outcome: RankOutcome) -> str:
         """What a rank that ended without an error file left on stderr: faulthandler's dump (kept as

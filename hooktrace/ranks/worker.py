@@ -30,8 +30,13 @@ PROGRESS_KEY = "hooktrace/progress/{rank}"
 NOTES_KEY = "hooktrace/notes/{rank}"
 
 
+# The signals that stop a rank with its partial trace written: what the launcher forwards (it gets
+# SIGHUP when its terminal closes) and what an outside `kill` sends.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class RankTerminated(Exception):
-    """The launcher stopped this rank (SIGTERM/SIGINT); raised in the main thread so the trace is kept."""
+    """A stop signal (`STOP_SIGNALS`); raised in the main thread so the partial trace is kept."""
 
 
 class RankFailed(Exception):
@@ -39,8 +44,8 @@ class RankFailed(Exception):
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: let the rank write its trace
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in STOP_SIGNALS:  # one is enough: let the rank write its trace
+        signal.signal(sig, signal.SIG_IGN)
     raise RankTerminated(f"stopped by {signal.Signals(signum).name}")
 
 
@@ -176,6 +181,10 @@ def _rank(job: dict[str, Any]) -> None:
     trace.save(rank_trace_path(job["out"], rank))  # atomic: an earlier file stays whole until replaced
     reports.notes(result.notes)
     if result.exception is not None:
+        stop = _termination(result.exception)
+        if stop is not None:  # a stop signal raised inside a hook or the model: where it was
+            where = (result.error or "").replace(f" raised {type(stop).__name__}: {stop}", "")
+            raise RankTerminated(f"{stop} while in {where}") from result.exception
         raise RankFailed(result.error) from result.exception
 
 
@@ -192,8 +201,10 @@ def state_of(exc: Optional[BaseException]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one rank from its JOB (JSON: target, out, options, join_timeout); the exit code says how it ended."""
-    signal.signal(signal.SIGTERM, _raise_terminated)  # first: importing torch takes seconds
-    signal.signal(signal.SIGINT, _raise_terminated)
+    # First: importing torch takes seconds. A signal the rank was started ignoring (nohup) stays so.
+    ignored = {sig for sig in STOP_SIGNALS if signal.getsignal(sig) is signal.SIG_IGN}
+    for sig in set(STOP_SIGNALS) - ignored:
+        signal.signal(sig, _raise_terminated)
     args = sys.argv[1:] if argv is None else argv
     failure: Optional[BaseException] = None
     try:
@@ -205,8 +216,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as exc:
         failure = exc
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # done: a late stop signal just ends the process
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for sig in STOP_SIGNALS:  # done: a late stop signal just ends the process
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
         dist = sys.modules.get("torch.distributed")
         if dist is not None:
             with contextlib.suppress(Exception):

@@ -1,0 +1,151 @@
+"""`run --nproc` when a rank is killed by a signal (the OOM killer's SIGKILL, someone's SIGTERM, a
+segfault...) and when the launcher itself gets one: the launcher survives, says which rank died of
+what, keeps the healthy ranks' traces, and exits 1 (or 128 + the launcher's own signal).
+
+Each case is one real launch over gloo on CPU (every rank imports torch): the family's most common
+members run by default, the rest with `-m slow`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hooktrace.ranks import DIED, OK, run_ranks
+from hooktrace.schema import load
+
+KILLED = """
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def die(module, args):
+    dist.barrier()  # both ranks are tracing when rank 1 dies
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), getattr(signal, os.environ["KILL_SIGNAL"]))
+
+
+def sync(module, args, output):
+    t = torch.ones(1)
+    dist.all_reduce(t)  # rank 0 waits here for rank 1
+    return output
+
+
+def make():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    model[0].register_forward_pre_hook(die)
+    model[1].register_forward_hook(sync)
+    return model, torch.randn(2, 4)
+"""
+
+# Python's handler stays on these: the rank writes its partial trace before it ends.
+_KEEPS_TRACE = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+_SLOW = pytest.mark.slow
+
+
+def _hook_names(trace: object) -> list[str]:
+    return [trace.hook(e.hook).name for e in trace.hook_events()]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGKILL,
+        signal.SIGTERM,
+        pytest.param(signal.SIGINT, marks=_SLOW),
+        pytest.param(signal.SIGHUP, marks=_SLOW),
+        pytest.param(signal.SIGSEGV, marks=_SLOW),
+        pytest.param(signal.SIGQUIT, marks=_SLOW),
+        pytest.param(signal.SIGABRT, marks=_SLOW),
+        pytest.param(signal.SIGUSR1, marks=_SLOW),
+        pytest.param(signal.SIGALRM, marks=_SLOW),
+    ],
+    ids=lambda s: s.name,
+)
+def test_a_rank_killed_by_a_signal_is_reported_and_the_launcher_keeps_the_others_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    factory = tmp_path / "killed.py"
+    factory.write_text(KILLED)
+    monkeypatch.setenv("KILL_SIGNAL", sig.name)
+    out = tmp_path / "k.json"
+    result = run_ranks(str(factory), 2, out=str(out), timeout=60, show_rank=0)
+    summary = result.summary()
+    dead = result.ranks[1]
+    assert dead.state == DIED, summary
+    assert dead.error is not None and sig.name in dead.error
+    if sig in _KEEPS_TRACE:  # its handler ran: the partial trace, and where it was
+        assert dead.exitcode == 4 and "forward_pre hook die" in dead.error
+        assert "(a signal hooktrace did not send)" in dead.error
+        assert dead.trace is not None and _hook_names(dead.trace) == ["die"]
+    else:
+        assert dead.exitcode == -sig and dead.error.startswith(f"the rank's process died from {sig.name}")
+        assert dead.trace is None and not (tmp_path / "k.rank1.json").exists()
+    healthy = result.ranks[0]  # waited in its all_reduce for rank 1: stopped or failed, never blamed
+    assert healthy.state != OK and healthy.trace is not None, summary
+    assert _hook_names(healthy.trace)[:1] == ["die"]
+    assert load(tmp_path / "k.rank0.json").meta.rank == 0
+    assert result.first_failure is dead
+    assert result.exit_code == 1 and result.interrupted is None
+    assert "ranks failed:" in summary and "rank 1: died" in summary
+
+
+def test_the_cli_says_which_rank_died_of_sigkill_without_a_traceback(tmp_path: Path) -> None:
+    factory = tmp_path / "killed.py"
+    factory.write_text(KILLED)
+    env = dict(os.environ, KILL_SIGNAL="SIGKILL")
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("hooktrace")), "run", str(factory), "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "AttributeError" not in proc.stderr
+    assert "rank 1: died (no trace written)\n    the rank's process died from SIGKILL" in proc.stdout
+    assert "first to fail: rank 1 (died): the rank's process died from SIGKILL" in proc.stdout
+
+
+HANGUP = """
+import os
+import signal
+
+import torch
+from torch import nn
+
+
+def hang_up(module, args):
+    os.kill(os.getppid(), signal.SIGHUP)  # the launcher's terminal closes while rank 0 traces
+
+
+def make():
+    model = nn.Linear(4, 4)
+    model.register_forward_pre_hook(hang_up)
+    return model, torch.randn(2, 4)
+"""
+
+
+def test_a_launcher_started_under_nohup_ignores_sighup_and_so_do_its_ranks(tmp_path: Path) -> None:
+    factory = tmp_path / "hangup.py"
+    factory.write_text(HANGUP)
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("hooktrace")), "run", str(factory), "--nproc", "1"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what nohup does
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0: ok, 1 hooks, 1 hook events" in proc.stdout
+    assert "interrupted" not in proc.stdout
