@@ -162,7 +162,9 @@ def _output(
         return
     _write(trace, output, data)
     if not quiet:
-        _stderr(f"wrote {output} ({chosen}: {len(trace.hooks)} hooks, {len(trace.events)} events)")
+        from .analysis.counts import count
+
+        _stderr(f"wrote {output} ({chosen}: {count(trace).phrase()})")
 
 
 def _write(trace: Trace, output: Path, data: Any) -> None:

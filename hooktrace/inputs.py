@@ -148,7 +148,8 @@ def resolve_device(device: Optional[str]) -> Optional[Any]:
             raise UsageError(f"--device {device}: CUDA is not available ({build}); use --device cpu or auto")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             count = torch.cuda.device_count()
-            raise UsageError(f"--device {device}: only {count} CUDA device(s) here; pick another index")
+            devices = f"{count} CUDA device{'s' if count != 1 else ''}"
+            raise UsageError(f"--device {device}: only {devices} here; pick another index")
     elif dev.type != "cpu":
         raise UsageError(f"unsupported --device {device!r}; use cpu, cuda, cuda:N or auto")
     return dev

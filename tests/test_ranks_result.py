@@ -128,7 +128,7 @@ def test_summary_and_exit_code_of_agreeing_ranks() -> None:
     outcomes = [RankOutcome(r, OK, trace_path=f"t.rank{r}.json", trace=traces[r]) for r in (0, 1)]
     result = RanksResult(nproc=2, show_rank=1, ranks=outcomes, comparisons=compare_ranks(traces))
     assert result.exit_code == 0 and result.shown is traces[1]
-    assert "ranks agree: same hook order on ranks 0, 1 (1 hook events each)" in result.summary()
+    assert "ranks agree: same hook order on ranks 0, 1 (1 hook call each)" in result.summary()
     for o in outcomes:
         o.notes = ["backward skipped (--no-backward)"]
     outcomes[1].notes.append("only here")

@@ -449,8 +449,8 @@ def test_depth_limits_nesting(golden: Any) -> None:
     golden("tree/depth2.txt", text)
     assert "layers.0 TransformerEncoderLayer" in text
     assert "layers.0.linear1" not in text
-    assert "… 9 calls deeper than depth 2 (27 hook events)" in text
-    assert "… 8 groups deeper than depth 2 (18 hook events)" in text
+    assert "… 9 calls deeper than depth 2 (27 hook calls)" in text
+    assert "… 8 groups deeper than depth 2 (18 hook calls)" in text
     assert "<root>" not in plain(encoder(2).trace(), depth=0)
     with pytest.raises(ValueError):
         build_tree(encoder(1).trace(), depth=-1)
@@ -460,7 +460,7 @@ def test_module_filter_keeps_module_and_descendants() -> None:
     text = plain(encoder(3).trace(), module="layers.1.self_attn")
     assert "layers.1.self_attn Module" in text and "layers.1.self_attn.out_proj" in text
     assert "layers.0" not in text and "layers.1.linear1" not in text and "log_inputs" in text
-    assert "2 module calls" in text
+    assert "31 module calls" in text and "shown: 10 hook calls, 2 module calls" in text
     # a path prefix that is not a module boundary does not match
     assert "layers.1" not in plain(encoder(12).trace(), module="layers.1").replace("layers.1 ", "").replace(
         "layers.1.", ""

@@ -51,7 +51,7 @@ def test_surprises_panel_and_summary() -> None:
     assert "global-first: `early` on `fc1` still ran after global hooks" in text
     assert "replaced-value" in text
     assert text.strip().splitlines()[-1] == (
-        "7 hooks fired (10 hook events), 4 module calls, 4 modules, 2 surprises"
+        "7 hooks registered, 7 fired, 10 hook calls, 4 module calls, 4 modules, 2 surprises"
     )
     forward_only = plain(b.trace(), phase="forward")
     assert "global-first" in forward_only and "replaced-value" not in forward_only
@@ -87,7 +87,7 @@ def test_empty_trace_is_one_clear_line() -> None:
 def test_calls_but_no_hooks() -> None:
     b = TraceBuilder((("", "Net"),))
     b.call("")
-    assert plain(b.trace()).startswith("No hooks fired (1 module calls traced")
+    assert plain(b.trace()).startswith("No hooks fired (1 module call traced")
 
 
 def test_color_only_when_asked() -> None:

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from ..schema import ROOT, Event, Trace, gc_paused, is_internal_error
 from .align import align
+from .counts import plural
 from .identity import HookKey, hook_keys
 
 FLAGS = ("prepend", "with_kwargs", "always_call", "registered_during_run")
@@ -83,11 +84,11 @@ class TraceDiff:
     def summary(self) -> str:
         a, b = self.hook_calls
         if self.equal:
-            return f"same hook order: {a} hook calls in {self.steps[0]} step(s)"
+            return f"same hook order: {plural(a, 'hook call')} in {plural(self.steps[0], 'step')}"
         n = len(self.differences)
         lines = [
             f"hook order differs: {n} difference{'s' if n != 1 else ''} "
-            f"(expected {a} hook calls in {self.steps[0]} step(s), got {b} in {self.steps[1]})",
+            f"(expected {plural(a, 'hook call')} in {plural(self.steps[0], 'step')}, got {b} in {self.steps[1]})",
             f"first divergence: {self.first_divergence}",
         ]
         i = 0
@@ -270,10 +271,13 @@ def _missing_parts(
             )
             calls = sum(len(seqs[k]) for k in mine)
             if level == 0:
-                d = Difference("step", f"only in the {side} trace ({calls} hook calls)", step=part)
+                d = Difference("step", f"only in the {side} trace ({plural(calls, 'hook call')})", step=part)
             else:
                 d = Difference(
-                    "phase", f"only in the {side} trace ({calls} hook calls)", step=part[0], phase=part[1]
+                    "phase",
+                    f"only in the {side} trace ({plural(calls, 'hook call')})",
+                    step=part[0],
+                    phase=part[1],
                 )
             ranked.append((min(position(k) for k in mine), 0, d, str(d)))
             skipped |= {k[:2] for k in mine}

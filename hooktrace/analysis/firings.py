@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from ..schema import Event, Hook, Trace
+from .counts import plural  # noqa: F401  (re-exported for the surprise rules)
 
 
 def firings(trace: Trace) -> list[list[Event]]:
@@ -68,8 +69,3 @@ def hook_of(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
         return trace.hook(hook_id) if hook_id is not None else None
     except KeyError:
         return None
-
-
-def plural(n: int, one: str, many: Optional[str] = None) -> str:
-    """`1 call`, `2 calls`; `many` for irregular words."""
-    return f"{n} {one if n == 1 else (many or one + 's')}"

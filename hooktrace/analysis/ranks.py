@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..schema import Hook, Trace
+from .counts import plural
 from .diff import TraceDiff, diff_traces
 from .identity import HookKey
 
@@ -146,7 +147,7 @@ class RankComparison:
 
     def describe(self, partial: bool = False) -> str:
         """The first divergence, then (complete traces only) registrations, call counts, other differences."""
-        counts = f"{self.events[1]} vs {self.events[0]} hook events"
+        counts = f"{self.events[1]} vs {plural(self.events[0], 'hook call')}"
         lines = [f"rank {self.rank} vs rank {self.reference} ({counts}):"]
         if self.divergence is not None:
             lines.append("  " + self.divergence.describe().replace("\n", "\n  "))

@@ -11,6 +11,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..analysis.counts import count, plural
 from ..analysis.ranks import RankComparison
 from ..schema import Trace
 
@@ -82,7 +83,7 @@ class RankOutcome:
             written = f" -> {self.trace_path}"
         size = ""
         if self.trace is not None:
-            size = f", {len(self.trace.hooks)} hooks, {sum(1 for _ in self.trace.hook_events())} hook events"
+            size = f", {count(self.trace).phrase()}"
         partial = " (partial)" if self.trace is not None and self.state != OK else ""
         head = f"rank {self.rank}: {self.state}{size}{written}{partial}"
         return f"{head}\n  {self.error}" if self.error else head
@@ -206,7 +207,7 @@ class RanksResult:
         if not self.diverged:
             events = self.comparisons[0].events[0] if self.comparisons else 0
             ranks = ", ".join(str(r) for r in present)
-            return [f"ranks agree: same hook order on ranks {ranks} ({events} hook events each)"]
+            return [f"ranks agree: same hook order on ranks {ranks} ({plural(events, 'hook call')} each)"]
         bad = [c for c in self.comparisons if not c.agree]
         lines = ["ranks diverge: " + ", ".join(f"rank {c.rank} differs from rank {c.reference}" for c in bad)]
         states = {o.rank: o.state for o in self.ranks}

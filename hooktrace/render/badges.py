@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Optional
 
+from ..analysis.counts import plural  # noqa: F401  (re-exported for the renderers)
 from ..schema import ROOT, Event, Hook, Meta
 from .safe import safe_text
 
@@ -117,10 +118,6 @@ def title_target(meta: Meta) -> str:
     if head.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", head):
         head = re.split(r"[\\/]", head)[-1]
     return safe_text(head + sep + name)
-
-
-def plural(n: int, word: str, many: Optional[str] = None) -> str:
-    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 def surprise_level(s: object) -> str:

@@ -20,6 +20,7 @@ import graphviz
 
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
+from ..analysis.counts import count
 from ..schema import Event, Trace, is_internal_error
 from .badges import (
     badges,
@@ -287,12 +288,12 @@ def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:
     """The `graphviz.Digraph` of `trace`; `expand=True` draws every repeated block and call."""
     tree = ct.build(trace, expand=expand)
     em = _Emitter(tree, expand)
-    n_hooks = tree.hooks
+    counts = count(trace)
     n_steps = len({e.step for e in tree.events})
     target = title_target(trace.meta) or "trace"
-    title = f"hooktrace: {target} · {plural(n_hooks, 'hook call')}"
-    if n_steps > 1:
-        title += f" in {n_steps} steps"
+    title = f"hooktrace: {target} · {counts.phrase()}"
+    if counts.steps > 1:
+        title += f" in {plural(counts.steps, 'step')}"
     if em.surprises:
         title += f" · surprises: {', '.join(dict.fromkeys(s.rule for s in em.surprises))}"
     if em.info:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import io
 import re
-from collections import Counter
 from typing import Any, Iterator, Optional
 
 from rich.cells import cell_len
@@ -24,6 +23,7 @@ from rich.tree import Tree
 
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
+from ..analysis.counts import count
 from ..schema import PHASES, ROOT, Event, Trace, gc_paused, is_internal_error
 from .badges import (
     PHASE_TITLES,
@@ -200,7 +200,7 @@ class _Drawer:
         what = plural(calls, "call") if calls else plural(len(nodes), "group")
         segs = [
             ("", Text(f"… {what} deeper than depth {self.depth}")),
-            (" ", Text(f"({plural(hooks, 'hook event')})")),
+            (" ", Text(f"({plural(hooks, 'hook call')})")),
         ]
         text = _pack(segs, self.width - col)
         text.stylize("dim italic")
@@ -215,13 +215,13 @@ class _Drawer:
             ("", Text(f"×{len(nodes)} more with the same order", style="italic")),
             (" ", Text(f"({' … '.join(names)},", style="dim")),
             (" ", Text(f"#{first.first_seq}–#{last.last_seq},", style="dim")),
-            (" ", Text(f"{plural(sum(x.hooks for x in nodes), 'hook event')})", style="dim")),
+            (" ", Text(f"{plural(sum(x.hooks for x in nodes), 'hook call')})", style="dim")),
         ]
         return _pack(segs, self.width - col)
 
     def phase_label(self, phase: Node) -> Text:
         label = Text(safe_text(PHASE_TITLES.get(phase.phase, phase.phase)), style="bold underline")
-        label.append(f"  {plural(phase.hooks, 'hook event')}", style="dim")
+        label.append(f"  {plural(phase.hooks, 'hook call')}", style="dim")
         return label
 
     def tree(self) -> Tree:
@@ -275,7 +275,9 @@ class TreeView:
             yield Text(self.empty, style="bold")
         elif not self.calltree.steps:
             calls = sum(1 for e in self.calltree.events if e.type == "enter")
-            yield Text(f"No hooks fired ({calls} module calls traced, none ran a hook).", style="bold")
+            yield Text(
+                f"No hooks fired ({plural(calls, 'module call')} traced, none ran a hook).", style="bold"
+            )
         else:
             yield _Drawer(self.calltree, width=width, expand=self.expand, times=self.times,
                           depth=self.depth).tree()  # fmt: skip
@@ -288,22 +290,23 @@ class TreeView:
 
 
 def _summary(view: TreeView, width: int) -> Text:
+    """The trace's counts (`analysis.counts`, the same words and numbers as every other output);
+    with --module/--phase, then how much of it the view shows."""
     events = view.calltree.events
-    types = Counter(e.type for e in events)
-    hook_ids = {e.hook for e in events if e.type == "hook"}
-    modules = {e.module for e in events} - {None}
-    steps = {e.step for e in events}
-    parts = [
-        f"{plural(len(hook_ids), 'hook')} fired ({plural(types['hook'], 'hook event')})",
-        plural(types["enter"], "module call"),
-        plural(len(modules), "module"),
-    ]
-    if len(steps) > 1:
-        parts.append(plural(len(steps), "step"))
+    whole = count(view.trace)
+    parts = [whole.phrase(), plural(whole.modules, "module")]  # the phrase is one segment: never split
+    if whole.steps > 1:
+        parts.append(plural(whole.steps, "step"))
+    if len(events) != len(view.trace.events):
+        shown = count(view.trace, events)
+        parts.append(
+            f"shown: {plural(shown.hook_calls, 'hook call')}, {plural(shown.module_calls, 'module call')}"
+        )
     n = len(view.surprises)
     parts.append(plural(n, "surprise") + (f" (+{view.hidden_info} info)" if view.hidden_info else ""))
     if view.times and events:
         total = max(e.start_ns + e.duration_ns for e in events) - min(e.start_ns for e in events)
+        steps = {e.step for e in events}
         parts.append(f"{fmt_ns(total)} total" + (f" ({WARM_UP})" if 0 in steps else ""))
     segs = [("", Text(parts[0]))] + [(" ", Text(p)) for p in parts[1:]]
     for i in range(len(segs) - 1):
@@ -405,9 +408,7 @@ def _relevant(trace: Trace, kept: list[Event], filtered: bool) -> list[Any]:
 
 def _empty_message(trace: Trace, module: Optional[str], phase: Optional[str]) -> str:
     if not trace.events:
-        return (
-            f"No events in this trace: nothing ran under capture ({plural(len(trace.hooks), 'hook')} known)."
-        )
+        return f"No events in this trace: nothing ran under capture ({plural(count(trace).registered, 'hook')} registered)."
     what = []
     if module is not None:
         what.append(f"module {module_name(module)!r}")
