@@ -184,7 +184,7 @@ def test_diff_takes_traces_sessions_paths_and_text(tmp_path: Path) -> None:
     ):
         for b in (trace, tmp_path / "t.txt", TWO_LAYER):
             result = hooktrace.diff(a, b)
-            assert result.equal and str(result) == "same hook order: 11 hook calls in 1 step(s)"
+            assert result.equal and str(result) == "same hook order: 11 hook calls in 1 step"
     moved = swap(trace, 4, 5)
     result = hooktrace.diff(tmp_path / "t.txt", moved)
     assert not result.equal and [d.change for d in result.differences] == ["moved"]
@@ -238,7 +238,7 @@ def test_assert_order_raises_with_the_summary_and_the_unified_diff() -> None:
     assert message == failure_message(a, b, hooktrace.diff(TWO_LAYER, moved))
     assert (
         message.splitlines()[0]
-        == "hook order differs: 1 difference (expected 11 hook calls in 1 step(s), got 11 in 1)"
+        == "hook order differs: 1 difference (expected 11 hook calls in 1 step, got 11 in 1)"
     )
     assert "--- expected\n+++ observed\n@@ -1,7 +1,7 @@" in message
     assert "\n+0 forward   fc1          forward_pre   cast_inputs [returned]\n" in message
