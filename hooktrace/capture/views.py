@@ -27,8 +27,10 @@ import torch.nn.modules.module as nn_module
 
 from . import dicts
 
-# globals that module.py rebinds (`global X`): read live, not from the copy's namespace
-_REBOUND = re.compile(r"\b(_global_is_full_backward_hook)\b")
+# The global hook dicts and flags, read live from PyTorch's module, not from the copies' namespace:
+# module.py rebinds some (`global X`), and code that resets the global hooks (PyTorch's own tests'
+# tearDown, libraries) rebinds the dicts. Not inside a string or after a dot (already rewritten).
+_REBOUND = re.compile(r'(?<![\w."])(_global_\w+)\b')
 VIEW_NAME = "_hooktrace_view"
 # `_call_impl`'s copy runs only from the recording wrapper, never under Dynamo (the wrapper hands
 # compiling calls to PyTorch's own code), so it calls the capture's view directly: one call less.
