@@ -24,9 +24,9 @@ _HOOK_FIELDS = tuple(f.name for f in dataclasses.fields(Hook))
 class Record(Hook):
     """A hook while capturing: the trace's Hook plus the live objects it came from."""
 
-    owner: Any = None  # module object (module scope) or None
+    owner: Any = None  # the owner's Who (shims.Recorder.who: key, type name), or None
     tensor_ref: Any = None  # weakref to the tensor (tensor scope)
-    tensor_desc: Optional[tuple[str, Any]] = None  # ("output of"|"input of"|"tensor in", module) or None
+    tensor_desc: Optional[tuple[str, Any]] = None  # ("output of"|"input of"|"tensor in", Who) or None
     removed: bool = False
 
 

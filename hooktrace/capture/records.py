@@ -57,11 +57,11 @@ class HookBook:
         # of each, which record the module they belong to
         self._views: dict[tuple[int, int], dict[int, tuple[Any, Any]]] = {}  # -> hook id -> (hook, shim)
         self._last_views: dict[tuple[int, int], tuple[list, dict]] = {}  # -> ([*keys, *ids of hooks], view)
-        self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner, kind)
+        self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner's Who, scope)
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
         self._synthetic = itertools.count(SYNTHETIC_BASE)
-        # (id(module), id(forward)) -> (module, forward, shim); the objects are kept so ids stay unique
-        self._wrappers: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+        # (module's key, id(forward)) -> (forward, shim)
+        self._wrappers: dict[tuple[int, int], tuple[Any, Any]] = {}
         # id(saved_tensors_hooks object) -> (weakref or object, pack shim, unpack shim)
         self._saved: dict[int, tuple[Any, Any, Any]] = {}
 
@@ -80,7 +80,7 @@ class HookBook:
         if record is None:
             record = self.records[tid] = self._new_record(tid, hid, fn, kind, owner, scope)
         if id(d) not in self.seen_dicts:
-            self.seen_dicts[id(d)] = (_ref(d), owner, scope)
+            self.seen_dicts[id(d)] = (_ref(d), None if owner is None else self.rec.who(owner), scope)
         return record
 
     def _new_record(self, tid: int, hid: int, fn: Any, kind: str, owner: Any, scope: str) -> Record:
@@ -91,7 +91,7 @@ class HookBook:
             id=tid,
             kind=kind,
             scope=scope,
-            owner=owner,
+            owner=None if owner is None else self.rec.who(owner),  # not the module: it may die
             name=sites.forward_wrapper_name(fn) if kind == "forward_wrapper" else sites.hook_name(fn),
             defined_at=sites.forward_wrapper_defined_at(fn)
             if kind == "forward_wrapper"
@@ -205,12 +205,13 @@ class HookBook:
 
     def forward_wrapper(self, module: Any, forward: Any) -> Any:
         """The shim that `_call_impl`'s copy calls instead of a `forward` set on the module instance."""
-        entry = self._wrappers.get((id(module), id(forward)))
-        if entry is None or entry[1] is not forward:
+        key = (self.rec.key(module), id(forward))
+        entry = self._wrappers.get(key)
+        if entry is None or entry[0] is not forward:
             record = self._synthetic_record(forward, "forward_wrapper", module, "module", None)
             shim = shims.make_shim(self.rec, forward, record.id, "forward_wrapper", module, False)
-            entry = self._wrappers[(id(module), id(forward))] = (module, forward, shim)
-        return entry[2]
+            entry = self._wrappers[key] = (forward, shim)
+        return entry[1]
 
     def saved_tensors_shims(self, ctx: Any, site: Site) -> tuple[Any, Any]:
         """(pack shim, unpack shim) for one `saved_tensors_hooks` object, the same at each `__enter__`."""

@@ -51,10 +51,9 @@ class TraceSession:
         self._pending: Optional[build.Pending] = None  # what the trace is built from, at first use
         self._rec = shims.Recorder()
         self._paths: dict[int, str] = {}
-        self._keep: dict[int, Any] = {}  # modules seen, kept alive so their ids stay unique until the end
         self._book = HookBook(self._rec, self._path_of)
         self._run_codes: set[Any] = set()
-        self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner)
+        self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)
         self._interceptor: Optional[registry.Interceptor] = None
         self._views: Optional[views.Installed] = None
         self._module_call: Any = None
@@ -198,7 +197,7 @@ class TraceSession:
         model = self._model
         if isinstance(model, torch.nn.Module):
             for path, module in model.named_modules():
-                final.paths[id(module)] = path
+                final.paths[self._rec.key(module)] = path
                 final.modules.append(Module(path, type(module).__name__))
                 for pname, param in module.__dict__.get("_parameters", {}).items():
                     if param is not None and id(param) not in final.params:
@@ -292,7 +291,7 @@ class TraceSession:
                 for hid in list(hd.d or ()):
                     record = self._book.wrap_tensor_hook(hd.d, hid, hd.kind, tensor)
                     if record.tensor_desc is None:
-                        record.tensor_desc = ("input of", module)
+                        record.tensor_desc = ("input of", self._rec.who(module))
 
     # -- hooks held outside Python (capture/autograd.py) ---------------------------------
     def on_node_hook(self, d: dict, handle: RemovableHandle, kind: str, node: Any, frame: FrameType) -> None:
@@ -323,22 +322,20 @@ class TraceSession:
 
     # -- inventory -----------------------------------------------------------------------
     def _path_of(self, module: Any) -> Optional[str]:
-        key = id(module)
+        """The module's path in the model now (or None); paths are kept by key, the module is not."""
+        key = self._rec.key(module)
         path = self._paths.get(key)
         if path is None and isinstance(self._model, torch.nn.Module):
             for p, m in self._model.named_modules():
-                self._paths[id(m)] = p
-                self._keep.setdefault(id(m), m)
+                self._paths[self._rec.key(m)] = p
             path = self._paths.get(key)
-        self._keep.setdefault(key, module)
         return path
 
     def _inventory(self, model: Any) -> None:
         """Record every hook the model and the global dicts hold now, and make their shims."""
         if isinstance(model, torch.nn.Module):
             for path, module in model.named_modules():
-                self._paths[id(module)] = path
-                self._keep.setdefault(id(module), module)
+                self._paths[self._rec.key(module)] = path
                 self._rec.module_key(module)  # known now, so the module's first call does not add it
         book = self._book
         for hd in dicts.hook_dicts(model):
@@ -385,13 +382,12 @@ class TraceSession:
         """The trace keeps no references to tensors, modules or hooks after the block."""
         self._book.clear()
         self._namer.clear()
-        self._keep.clear()
         self._paths.clear()
         self._rec.modules.clear()  # ids are resolved: a wrapper some class kept holds no module
         self._rec = shims.Recorder()  # the old one's record lists now belong to the pending trace
         self._module_call = None
         self._book = HookBook(self._rec, self._path_of)
-        self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner)
+        self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)
         self._model = None
         self._interceptor = None
         self._views = None

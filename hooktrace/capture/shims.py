@@ -12,8 +12,10 @@ Records are converted to `trace.Event`s only at finalisation:
                  one record for the `enter` and the `exit` event
 Records hold only ints, strings, bools and None, so the garbage collector untracks them the first
 time it sees them: a long capture does not make every later collection walk millions of records.
-The modules themselves are kept alive (their ids stay unique) in `Recorder.modules`, and each id
-is one shared int object (`Recorder.module_ids`), not a new 32-byte int per record.
+Records name a module by its key (`Recorder.key`): its id, one shared int object per module
+(`Recorder.module_ids`), not a new 32-byte int per record. Modules are not kept alive (weak-reference
+trackers and `del module` see them die inside the block, as untraced): when one dies its id may be
+reused, so a later object at that id gets a key no earlier object had.
 Neither the step nor a hook's phase is stored: `Recorder.step_starts` holds the first seq of each
 step, and a hook's phase follows from its kind (backward kinds: `backward`; forward kinds: the phase
 of the module call they ran in, which the module-call record has; the rest: `other`).
@@ -26,10 +28,12 @@ call, and which tests the argument count PyTorch uses for that kind first.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import linecache
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -37,6 +41,9 @@ import torch
 from .views import _is_compiling
 
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = "forward", "backward", "recompute", "optimizer", "other"
+# Keys of objects given one after another object with the same id died: above every id.
+KEY_STEP = 1 << 64
+Who = tuple[Optional[int], str]  # (key, type name) of a module a record names: see Recorder.who
 # thread ident -> depth of `optimizer.step()` calls open on it (capture/optim.py marks them)
 STEPPING: dict[int, int] = {}
 
@@ -165,6 +172,8 @@ class Recorder:
         "compiled",
         "modules",
         "module_ids",
+        "ids",
+        "retired",
         "seq",
         "step_starts",
         "main_thread",
@@ -175,8 +184,10 @@ class Recorder:
         self.hooks: list[tuple] = []
         self.calls: list[tuple] = []
         self.compiled: list[int] = []  # enter seqs of module calls that ran compiled (torch.compile)
-        self.modules: list[Any] = []  # every module called: records name them by id
-        self.module_ids: dict[int, int] = {}  # id -> that same int, one object per module
+        self.modules: list[Any] = []  # a weak reference to every object given a key (or the object)
+        self.ids: dict[int, int] = {}  # id of a live object -> its key
+        self.module_ids: dict[int, int] = {}  # the same, for the modules the call wrapper looks up
+        self.retired: set[int] = set()  # keys of objects that died: not given again
         self.seq = itertools.count()
         self.step_starts: list[int] = []  # seq at which step 1, 2, ... began
         # Records of the thread that started the capture share this one int object (an ident is a
@@ -198,8 +209,30 @@ class Recorder:
             exec(code, namespace)  # noqa: S102 - defines `factory` over this capture's shared state
             self._factories[arity] = namespace["factory"]
 
+    def key(self, obj: Any) -> int:
+        """The int that records name `obj` by, without keeping it alive: its id, or, when an object
+        that died inside the block had that id, a number above every id (KEY_STEP * n + id)."""
+        i = id(obj)
+        key = self.ids.get(i)
+        if key is None:
+            key = i
+            while key in self.retired:
+                key += KEY_STEP
+            self.ids[i] = key
+            try:
+                self.modules.append(weakref.ref(obj, functools.partial(self._died, i, key)))
+            except TypeError:  # no weak reference: kept, so its id stays its own
+                self.modules.append(obj)
+        return key
+
+    def _died(self, i: int, key: int, _ref: Any) -> None:
+        if self.ids.get(i) == key:
+            del self.ids[i]
+            self.module_ids.pop(i, None)
+        self.retired.add(key)
+
     def module_key(self, module: Any) -> int:
-        """The int that records name `module` by (its id, one shared object); keeps it alive.
+        """The key of `module` as its calls are recorded (one shared int object per module).
 
         `torch.compile(m)`'s wrapper (an OptimizedModule) is named as `m`, and its own id is never
         cached: its calls take the module-call wrapper's first-call path, which marks them compiled.
@@ -209,9 +242,12 @@ class Recorder:
             children = getattr(module, "__dict__", {}).get("_modules")
             if children and "_orig_mod" in children:
                 return self.module_key(children["_orig_mod"])
-            key = self.module_ids[id(module)] = id(module)
-            self.modules.append(module)
+            key = self.module_ids[id(module)] = self.key(module)
         return key
+
+    def who(self, obj: Any) -> Who:
+        """What names `obj` once it is gone: (its key, its type's name); (None, "NoneType") for None."""
+        return (None if obj is None else self.key(obj), type(obj).__name__)
 
     def mark_step(self) -> None:
         self.step_starts.append(next(self.seq))
@@ -386,7 +422,7 @@ def make_module_call(
         key = module_ids.get(id(self))
         if key is None:  # a module's first call, or a call of `torch.compile(m)`'s wrapper (named `m`)
             key = rec.module_key(self)
-            if key != id(self):
+            if id(self) not in module_ids:
                 compiled_calls.append(seq)
         for arg in args:  # plain tensors whose own hook dicts we may not know yet (hooks need grad)
             if arg.__class__ is tensor_class and arg._backward_hooks:

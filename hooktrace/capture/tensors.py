@@ -11,7 +11,8 @@ import torch
 from ..schema import ROOT
 from . import shims
 
-Describe = Optional[tuple[str, Any]]  # ("output of" | "input of" | "tensor in", module) or None
+# ("output of" | "input of" | "tensor in", the module's Who: shims.Recorder.who) or None
+Describe = Optional[tuple[str, Any]]
 
 
 def weak(obj: Any) -> Any:
@@ -25,10 +26,16 @@ def weak(obj: Any) -> Any:
 class TensorNamer:
     """Which module a tensor hook belongs to, decided while the objects are alive."""
 
-    def __init__(self, run_codes: set, kind_of_hook: Callable[[int], tuple[Optional[str], Any]]) -> None:
+    def __init__(
+        self,
+        run_codes: set,
+        kind_of_hook: Callable[[int], tuple[Optional[str], Any]],
+        who: Callable[[Any], Any],
+    ) -> None:
         self._run_codes = run_codes  # code objects of the module-call wrapper: a frame inside a call
-        self._kind_of_hook = kind_of_hook  # trace hook id -> (kind, owner module) of a hook we know
-        self._outputs: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (weakref, module)
+        self._kind_of_hook = kind_of_hook  # trace hook id -> (kind, owner's Who) of a hook we know
+        self._who = who  # module -> what names it without keeping it alive (shims.Recorder.who)
+        self._outputs: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (weakref, module's Who)
 
     def on_output(self, module: Any, result: Any) -> None:
         """Remember the outputs of a module with full backward hooks (their hooks race its pre-hooks)."""
@@ -38,7 +45,7 @@ class TensorNamer:
             if isinstance(tensor, torch.Tensor):
                 ref = weak(tensor)
                 if ref is not None:
-                    self._outputs[id(tensor)] = (ref, module)
+                    self._outputs[id(tensor)] = (ref, self._who(module))
 
     def describe(self, tensor: Any, frame: Optional[FrameType]) -> Describe:
         """Which module's output/input a tensor hook went on.
@@ -54,15 +61,14 @@ class TensorNamer:
             if call is not None:
                 hook_id, args, mod = call
                 kind, owner = self._kind_of_hook(hook_id)
-                if mod is None:
-                    mod = owner
+                mod = self._who(mod) if mod is not None else owner if owner is not None else self._who(None)
                 if kind == "forward" and args and _contains(args[-1], tensor):
                     return ("output of", mod)
                 if kind in ("forward", "forward_pre") and len(args) > 1 and _contains(args[1], tensor):
                     return ("input of", mod)
                 return ("tensor in", mod)
             if frame.f_code in self._run_codes:
-                return ("tensor in", frame.f_locals.get("self"))
+                return ("tensor in", self._who(frame.f_locals.get("self")))
             frame = frame.f_back
         return None
 
@@ -79,7 +85,7 @@ def hook_place(
     params: dict[int, tuple[str, str]],
 ) -> tuple[Optional[str], Optional[str]]:
     """The hook's `module` and `tensor` fields (SPEC §4)."""
-    module = paths.get(id(owner)) if owner is not None else None
+    module = paths.get(owner[0]) if owner is not None else None
     if scope not in ("tensor", "node"):
         return module, None
     if tensor is not None and id(tensor) in params:
@@ -88,10 +94,10 @@ def hook_place(
     if scope == "node":  # named only when the node accumulates a parameter of the model
         return None, None
     if desc is not None:
-        how, described = desc
-        owner_path = paths.get(id(described)) if described is not None else None
+        how, (key, type_name) = desc
+        owner_path = paths.get(key) if key is not None else None
         if owner_path is None:
-            owner_path = type(described).__name__
+            owner_path = type_name
         return module, f"{how} {owner_path or ROOT}"
     return module, "tensor"
 
