@@ -234,6 +234,131 @@ def test_ddp_comm_hook_order_against_backward_hooks(gloo_one_rank):
     assert "comm" in L.log and len(t.trace.events) == n
 
 
+def _future_of(bucket: Any) -> Any:
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def _comm_function(L: Any) -> Any:
+    def comm_fn(state, bucket):  # noqa: ANN001, ANN202 - DDP checks real annotations
+        L.log.append("comm")
+        return _future_of(bucket)
+
+    return comm_fn
+
+
+def _comm_partial(L: Any) -> Any:
+    def comm_partial(log, state, bucket):  # noqa: ANN001, ANN202
+        log.append("comm")
+        return _future_of(bucket)
+
+    return functools.update_wrapper(
+        functools.partial(comm_partial, L.log), comm_partial
+    )  # DDP reads __name__
+
+
+class _CommObject:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.__name__ = self.__qualname__ = "comm_object"  # DDP reads them
+
+    def __call__(self, state, bucket):  # noqa: ANN001, ANN204
+        self.log.append("comm")
+        return _future_of(bucket)
+
+    def method(self, state, bucket):  # noqa: ANN001, ANN201
+        self.log.append("comm")
+        return _future_of(bucket)
+
+
+COMM_STYLES = {
+    "function": _comm_function,
+    "partial": _comm_partial,
+    "callable object": lambda L: _CommObject(L.log),
+    "bound method": lambda L: _CommObject(L.log).method,
+}
+
+
+def _hooktrace_frames(run: Any) -> list[str]:
+    """Files of every Python frame that runs during `run()` and is hooktrace's."""
+    import sys
+
+    here = os.path.dirname(hooktrace.__file__)
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        name = frame.f_code.co_filename
+        if event == "call" and (name.startswith(here) or name.startswith("<hooktrace")):
+            seen.append(f"{name}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+@pytest.mark.parametrize("registered", ["before", "inside"])
+@pytest.mark.parametrize("style", list(COMM_STYLES))
+def test_ddp_comm_hook_before_or_inside_traced_and_the_users_own_after(gloo_one_rank, style, registered):
+    L = Log()
+    ddp = nn.parallel.DistributedDataParallel(model())
+    hook = COMM_STYLES[style](L)
+    code_before = (
+        (getattr(hook, "func", None) or getattr(hook, "__func__", None) or hook).__code__
+        if not isinstance(hook, _CommObject)
+        else type(hook).__call__.__code__
+    )
+    if registered == "before":
+        ddp.register_comm_hook(None, hook)
+    ddp.module[2].register_full_backward_hook(L.fn("bwd2"))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    with hooktrace.trace(ddp) as t:
+        if registered == "inside":
+            ddp.register_comm_hook(None, hook)
+        ddp(x).sum().backward()
+    trace = t.trace
+    [comm] = [h for h in trace.hooks if h.kind == "comm"]
+    assert comm.module == "" and (comm.registered_at is None) == (registered == "before")
+    names = {h.id: h.name for h in trace.hooks}
+    traced = ["comm" if e.hook == comm.id else names[e.hook][len("hook_") :] for e in trace.hook_events()]
+    assert traced == L.log and L.log.count("comm") == 1  # the order the hooks recorded
+    assert ddp._comm_hooks[0][0] is hook
+    # after the block: the reducer's comm hook is the user's own; nothing of hooktrace runs
+    after = (
+        (getattr(hook, "func", None) or getattr(hook, "__func__", None) or hook).__code__
+        if not isinstance(hook, _CommObject)
+        else type(hook).__call__.__code__
+    )
+    assert after is code_before
+    L.log.clear()
+    frames = _hooktrace_frames(lambda: ddp(x).sum().backward())
+    assert L.log == ["bwd2", "comm"] and frames == []
+
+
+def test_ddp_builtin_comm_hook_is_shown_as_not_traceable(gloo_one_rank):
+    import torch.distributed as dist
+
+    ddp = nn.parallel.DistributedDataParallel(model())
+    ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    with hooktrace.trace(ddp) as t:
+        ddp(torch.randn(3, 4)).sum().backward()
+    [comm] = [h for h in t.trace.hooks if h.kind == "comm"]
+    assert comm.name.endswith("(built-in)") and "ALLREDUCE" in comm.name
+    [never] = [s for s in t.trace.surprises if s.rule == "never-fired"]
+    assert never.level == "info" and "cannot see it" in never.message and never.hooks == [comm.id]
+
+
+def test_ddp_without_comm_hook_shows_none(gloo_one_rank):
+    ddp = nn.parallel.DistributedDataParallel(model())
+    with hooktrace.trace(ddp) as t:
+        ddp(torch.randn(3, 4)).sum().backward()
+    assert not [h for h in t.trace.hooks if h.kind == "comm"]
+    assert not [s for s in t.trace.surprises if s.rule == "never-fired"]
+
+
 # -- the samples: traced order == what their hooks recorded ------------------------------------------
 
 

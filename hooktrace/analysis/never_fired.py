@@ -123,6 +123,8 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
     kind = hook.kind
     if hook.removed_during_run:
         return "it was removed while the model ran", "warn"
+    if kind == "comm" and hook.name.endswith("(built-in)"):
+        return "a built-in (C++) comm hook runs inside DDP's reducer, where hooktrace cannot see it", "info"
     if kind in STATE_DICT_KINDS:
         call = "load_state_dict()" if kind.startswith("load") else "state_dict()"
         family = [k for k in STATE_DICT_KINDS if k.startswith("load") == kind.startswith("load")]

@@ -17,8 +17,8 @@
   (the object keeps its own attributes). They have no handle: one synthetic id per object and kind.
 - **DDP communication hooks**: `DistributedDataParallel.register_comm_hook` keeps the user's hook in
   `_comm_hooks` and hands it to the C++ reducer through `torch.distributed._register_comm_hook`;
-  while capturing, the reducer gets a shim instead. The reducer holds it for good (a comm hook
-  cannot be unregistered): after the block the shim calls the hook without recording.
+  the reducer gets the user's own hook (it keeps it for good), and its calls are traced through its
+  code for the block (capture/comm.py).
 """
 
 from __future__ import annotations
@@ -145,7 +145,9 @@ def _comm_patch(original: Callable[..., Any]) -> Callable[..., Any]:
             ddp = None
         elif frame.f_back is not None:
             frame = frame.f_back  # the caller of DistributedDataParallel.register_comm_hook
-        return original(reducer, state, current.comm_shim(ddp, hook, frame))
+        result = original(reducer, state, hook)  # the user's own hook: nothing of ours stays in the reducer
+        current.comm_hook(ddp, hook, frame)
+        return result
 
     return _register_comm_hook
 

@@ -12,7 +12,7 @@ hooks, after the break) were not traced.
 
 Each code object of hooktrace is marked as Dynamo marks its own helpers (`skip_code`): the frame
 runs as plain Python. The frames that call user code (the shims call the hook, the module-call
-wrapper calls `forward` and the hooks, the comm-hook wrapper calls the user's comm hook) let Dynamo
+wrapper calls `forward` and the hooks, comm.dispatch calls the user's comm hook) let Dynamo
 see the frames they call, as the untraced code would; the others (views, records, call sites) hide
 theirs too (`os.path`, `inspect`), which an untraced run never runs. Inlining is not affected: while
 Dynamo traces a compiled frame it still inlines the wrapper, which hands it PyTorch's own
@@ -38,7 +38,7 @@ CALLS_USER_CODE = frozenset(
     {
         "hooktrace_shim",
         "hooktrace_module_call",
-        "hooktrace_comm_hook",
+        "dispatch",
         "run_compiled",
         "hooktrace_compiled_forward",
     }
@@ -98,6 +98,12 @@ def own_codes(extra: Iterable[types.CodeType] = ()) -> set[types.CodeType]:
             else:
                 found.update(_codes_of(value))
     return found
+
+
+def skip_frame_calling_user_code(code: types.CodeType) -> None:
+    """Mark code made at run time (a comm hook's trampoline) as a frame Dynamo skips, its callees seen."""
+    if set_code_exec_strategy is not None:
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
 
 
 def skip_own_frames(extra: Iterable[types.CodeType] = ()) -> int:

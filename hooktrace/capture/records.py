@@ -225,10 +225,14 @@ class HookBook:
             entry = self._saved[id(ctx)] = (ref if ref is not None else (lambda: ctx), made[0], made[1])
         return entry[1], entry[2]
 
-    def comm_shim(self, ddp: Any, hook: Any, site: Site) -> Any:
+    def comm_shim(self, ddp: Any, hook: Any, site: Optional[Site], call: Any) -> Any:
         """The recording shim that the DDP reducer calls instead of `hook`."""
         record = self._synthetic_record(hook, "comm", ddp, "module", site)
-        return shims.make_shim(self.rec, hook, record.id, "comm", ddp, False)
+        return shims.make_shim(self.rec, call, record.id, "comm", ddp, False)
+
+    def untraceable(self, fn: Any, kind: str, owner: Any, name: str) -> None:
+        """A hook that runs where hooktrace cannot see it (a built-in C++ comm hook): shown, named `name`."""
+        self._synthetic_record(fn, kind, owner, "module", None).name = name
 
     def unwrap(self, d: dict) -> None:
         """Put the original tensor hooks back, in place (same keys, same order)."""

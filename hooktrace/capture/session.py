@@ -21,7 +21,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..schema import Meta, Module, Trace, gc_paused
-from . import autograd, build, dicts, dynamo, optim, registry, shims, sites, views
+from . import autograd, build, comm, dicts, dynamo, optim, registry, shims, sites, views
 from .records import HookBook, Site
 from .tensors import TensorNamer, hook_place, weak
 
@@ -61,7 +61,6 @@ class TraceSession:
         self._autograd: Optional[autograd.Installed] = None
         self._lock = threading.Lock()  # registration callbacks on other threads vs. the end of the block
         self._active = False
-        self._live = [False]  # shared with shims kept past the block (DDP comm hooks): open or not
         self._start_ns = 0
 
     # -- public API ----------------------------------------------------------------------
@@ -80,7 +79,6 @@ class TraceSession:
             )
         _ACTIVE = self
         self._active = True
-        self._live[0] = True
         self._start_ns = time.perf_counter_ns()
         self._meta.created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         try:
@@ -161,7 +159,7 @@ class TraceSession:
             try:
                 with self._lock:
                     self._active = False
-                    self._live[0] = False
+                comm.restore()  # comm hooks' own code back: the reducer calls the user's hook as it is
                 if self._autograd is not None:
                     self._autograd.restore()
                 if self._optim is not None:
@@ -309,16 +307,12 @@ class TraceSession:
     def saved_tensors_shims(self, ctx: Any, frame: FrameType) -> tuple[Any, Any]:
         return self._book.saved_tensors_shims(ctx, self._site(frame))
 
-    def comm_shim(self, ddp: Any, hook: Any, frame: FrameType) -> Any:
-        shim = self._book.comm_shim(ddp, hook, self._site(frame))
-        live = self._live
-
-        def hooktrace_comm_hook(state: Any, bucket: Any) -> Any:
-            # the reducer keeps this for good: record only while this capture is open
-            return shim(state, bucket) if live[0] else hook(state, bucket)
-
-        hooktrace_comm_hook.__wrapped__ = hook  # type: ignore[attr-defined]
-        return hooktrace_comm_hook
+    def comm_hook(self, ddp: Any, hook: Any, frame: Optional[FrameType]) -> None:
+        """A DDP comm hook (registered now, or before the block): its calls are traced until the end."""
+        site = self._site(frame) if frame is not None else None
+        with self._lock:
+            if self._active:
+                comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call))
 
     # -- inventory -----------------------------------------------------------------------
     def _path_of(self, module: Any) -> Optional[str]:
@@ -338,6 +332,12 @@ class TraceSession:
                 self._paths[self._rec.key(module)] = path
                 self._rec.module_key(module)  # known now, so the module's first call does not add it
         book = self._book
+        for ddp in comm.ddp_modules(model):
+            for hook, _state in list(getattr(ddp, "_comm_hooks", ())):
+                self.comm_hook(ddp, hook, None)
+            builtin = comm.builtin_hook(ddp)
+            if builtin is not None:
+                book.untraceable(None, "comm", ddp, f"{builtin} (built-in)")
         for hd in dicts.hook_dicts(model):
             if not hd.d:
                 continue
