@@ -133,3 +133,71 @@ def test_in_a_real_jupyter_kernel() -> None:
     printed = outputs[3][0]["text"]
     assert "nb_pre_hook" in printed and "\x1b" not in printed
     assert int(outputs[4][0]["data"]["text/plain"]) > 100
+
+
+CELLS = [
+    "import torch, hooktrace\nmodel = torch.nn.Sequential(torch.nn.Linear(3, 3))",
+    "# a hook defined in this cell, on its line 2\ndef nb_hook(module, args):\n    return None",
+    "with hooktrace.trace(model) as t:\n    model[0].register_forward_pre_hook(nb_hook)\n"
+    "    model(torch.randn(2, 3)).sum().backward()",
+    "print(hooktrace.tree_text(t))",
+    "print(repr(t))",
+    "print(t.trace.hooks[0].defined_at, t.trace.hooks[0].registered_at, sep='|')",
+    "t",
+]
+
+
+def test_a_real_kernel_names_cells_and_sums_the_session_up() -> None:
+    """Hooks defined in a cell show the cell as its prompt says it (`In [2], line 2`), not ipykernel's
+    `/tmp/ipykernel_…/….py:2`; the session's plain repr is the counts line of every rendering."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+    ).execute()
+    defined, registered = (nb.cells[1].execution_count, nb.cells[2].execution_count)
+    assert defined != registered
+    tree = nb.cells[3].outputs[0]["text"]
+    assert f"In [{defined}], line 2" in tree and "nb_hook" in tree
+    assert "ipykernel_" not in tree
+    summary = nb.cells[4].outputs[0]["text"].strip()
+    assert "\n" not in summary and "TraceSession at 0x" not in summary
+    assert (
+        summary == "<hooktrace session: 1 hook registered, 1 fired, 1 hook call, 2 module calls, 0 surprises>"
+    )
+    assert nb.cells[5].outputs[0]["text"].strip() == f"In [{defined}]:2|In [{registered}]:2"
+    shown = nb.cells[6].outputs[0]["data"]
+    assert f"In [{defined}], line 2" in shown["text/html"] and shown["text/plain"] == summary
+
+
+def test_notebook_cell_names_only_what_ipython_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from hooktrace.capture.sites import display_path, notebook_cell
+
+    class Compiler:
+        def format_code_name(self, name: str) -> Any:
+            return ("Cell", "In[7]") if name == "/tmp/ipykernel_1/123.py" else None
+
+    shell = types.SimpleNamespace(compile=Compiler())
+    fake = types.ModuleType("IPython")
+    fake.get_ipython = lambda: shell  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    assert notebook_cell("/tmp/ipykernel_1/123.py") == "In [7]"
+    assert display_path("/tmp/ipykernel_1/123.py") == "In [7]"
+    assert notebook_cell("/tmp/ipykernel_1/456.py") is None  # a file IPython did not compile
+    assert display_path("/tmp/x/456.py") == "/tmp/x/456.py"
+    fake.get_ipython = lambda: None  # type: ignore[attr-defined]  # IPython imported, no shell running
+    assert notebook_cell("/tmp/ipykernel_1/123.py") is None
+
+
+def test_cell_locations_read_as_ipython_says_them() -> None:
+    from hooktrace.render.badges import location, site
+    from hooktrace.schema import Meta
+
+    assert site("In [3]:2") == "In [3], line 2"
+    assert location("In [3]:2", Meta(target="t.py:make")) == "In [3], line 2"
+    assert site("model.py:2") == "model.py:2" and site("In [3].py:2") == "In [3].py:2"

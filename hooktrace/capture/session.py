@@ -131,6 +131,18 @@ class TraceSession:
     def to_dict(self) -> dict[str, Any]:
         return self.trace.to_dict()
 
+    def __repr__(self) -> str:
+        """One line: what the session is doing, or the counts every rendering shows."""
+        if self._active:
+            return "<hooktrace session: recording; the trace is ready when the `with` block ends>"
+        if self._trace is None and self._pending is None:
+            return "<hooktrace session: not started; use it as `with hooktrace.trace(model) as t:`>"
+        from ..analysis.counts import count, plural
+
+        trace = self.trace
+        target = f" {trace.meta.target}" if trace.meta.target else ""
+        return f"<hooktrace session{target}: {count(trace).phrase()}, {plural(len(trace.surprises), 'surprise')}>"
+
     def save(self, path: str) -> None:
         self.trace.save(path)
 

@@ -44,11 +44,37 @@ _SITE_DIRS = _site_dirs()
 
 def display_path(filename: str) -> str:
     """Inside an installed package: relative to its site-packages; else relative to cwd; else absolute.
+    The code of an IPython or Jupyter cell is named by its prompt, `In [3]`.
 
     Depends on the working directory at the time of the call (a process may `os.chdir`)."""
+    cell = notebook_cell(filename)
+    if cell is not None:
+        return cell
     if filename.startswith("<"):
         return filename
     return _display_path(filename, os.getcwd())
+
+
+def notebook_cell(filename: str) -> Optional[str]:
+    """`In [3]` when `filename` is the name IPython compiled a cell under (ipykernel's
+    `/tmp/ipykernel_<pid>/<hash>.py`, terminal IPython's `<ipython-input-3-…>`), else None.
+
+    IPython's compiler maps each such name to the cell's execution count (the `In [3]` of its
+    prompt and of its tracebacks' `Cell In[3], line 2`): `format_code_name` reads that map."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None) if ipython is not None else None
+    shell = get() if get is not None else None
+    name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    if name is None:
+        return None
+    try:
+        label = name(filename)
+    except Exception:  # noqa: BLE001 - an IPython without the map, or one that changed it: a plain path
+        return None
+    if not (isinstance(label, tuple) and len(label) == 2 and isinstance(label[1], str)):
+        return None
+    number = label[1].removeprefix("In[").removesuffix("]")
+    return f"In [{number}]" if number.isdigit() else None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -229,6 +255,9 @@ def forward_wrapper_defined_at(fn: Any) -> Optional[str]:
 
 
 def _where(code: Any) -> str:
+    cell = notebook_cell(code.co_filename)
+    if cell is not None:
+        return f"{cell}:{code.co_firstlineno}"
     return _where_in(code, os.getcwd())
 
 

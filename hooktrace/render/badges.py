@@ -99,10 +99,24 @@ def factory_file(meta: Meta) -> Optional[str]:
     return head.replace(".", "/") + ".py"
 
 
+_CELL = re.compile(r"^(In \[\d+\]):(\d+)$")
+
+
+def site(where: Optional[str]) -> str:
+    """A `defined_at` / `registered_at` value as shown: a notebook cell's `In [3]:2` as
+    `In [3], line 2` (as IPython's tracebacks say it), anything else as it is."""
+    if not where:
+        return ""
+    cell = _CELL.match(where)
+    return safe_text(f"{cell[1]}, line {cell[2]}" if cell else where)
+
+
 def location(defined_at: Optional[str], meta: Meta) -> str:
     """`defined_at` as shown: only the file's name when it is the factory's own file."""
     if not defined_at:
         return ""
+    if _CELL.match(defined_at):
+        return site(defined_at)
     own = factory_file(meta)
     if own is not None:
         file, _, line = defined_at.rpartition(":")

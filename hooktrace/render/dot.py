@@ -28,6 +28,7 @@ from .badges import (
     module_name,
     plural,
     short_error,
+    site,
     split_surprises,
     title_target,
 )
@@ -153,9 +154,9 @@ class _Emitter:
             self.used.add("stopped")
         tooltip = [f"hook id {e.hook}" if h is None else f"hook id {h.id}, {h.scope} {h.kind}"]
         if h is not None and h.defined_at:
-            tooltip.append(f"defined at {h.defined_at}")
+            tooltip.append(f"defined at {site(h.defined_at)}")
         if h is not None and h.registered_at:
-            tooltip.append(f"registered at {h.registered_at}")
+            tooltip.append(f"registered at {site(h.registered_at)}")
         node_id = self.new_id("h")
         g.node(node_id, _label(*lines), tooltip=_esc("; ".join(tooltip), 300), **attrs)
         self.link(e.seq, node_id)

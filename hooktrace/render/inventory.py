@@ -7,6 +7,7 @@ from typing import Any
 from ..analysis.inventory import ModuleHooks
 from ..kinds import GLOBAL
 from ..schema import ROOT, Hook, Trace
+from .badges import site
 from .safe import safe_text as _s  # names from user code and files: no control sequence reaches a terminal
 
 
@@ -45,10 +46,12 @@ def inventory_text(trace: Trace, groups: list[ModuleHooks], live: set[int]) -> A
                 shown = flags(hook)
                 if shown:
                     text.append(f"  {shown}", style="yellow")
-                text.append(f"\n         defined    {_s(hook.defined_at or '?')}\n", style="dim")
-                text.append(f"         registered {_s(hook.registered_at or 'before capture')}", style="dim")
+                text.append(f"\n         defined    {site(hook.defined_at) or '?'}\n", style="dim")
+                text.append(
+                    f"         registered {site(hook.registered_at) or 'before capture'}", style="dim"
+                )
                 if hook.registered_by and hook.registered_by != hook.registered_at:
-                    text.append(f"  by {_s(hook.registered_by)}", style="dim")
+                    text.append(f"  by {site(hook.registered_by)}", style="dim")
                 text.append("\n")
         if group.same:
             span = _s(group.same[0] if len(group.same) == 1 else f"{group.same[0]} … {group.same[-1]}")
