@@ -87,3 +87,8 @@ def _register_notebook_display() -> None:
 
 
 _register_notebook_display()
+
+
+def __dir__() -> list[str]:
+    """The public API and the module's dunders (PEP 562): not the typing names and modules it uses."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})

@@ -65,7 +65,10 @@ def _hooktrace(
 
 # -- shared options -------------------------------------------------------------------------------
 TARGET_ARG = typer.Argument(
-    ..., metavar="TARGET", help="FILE.py:NAME or package.module:NAME (NAME defaults to make)."
+    ...,
+    metavar="TARGET",
+    help="FILE.py:NAME or package.module:NAME (NAME defaults to make). The file is imported, "
+    "so its top-level code runs; NAME is then called inside the capture.",
 )
 FORMAT_OPT = typer.Option(
     None,
@@ -204,9 +207,10 @@ def _load_trace(path: Path) -> Trace:
     try:
         return load(path)
     except TraceFormatError as exc:
-        raise UsageError(
-            f"cannot read {path}: {exc}; give a trace written by hooktrace run -o FILE.json"
-        ) from exc
+        advice = (
+            "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
+        )
+        raise UsageError(f"cannot read {path}: {exc}{advice}") from exc
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
@@ -226,9 +230,10 @@ def _load_side(path: Path) -> Side:
     except OrderFormatError as exc:
         raise UsageError(f"cannot read {exc}; give a trace (.json) or an order file (-f order)") from exc
     except TraceFormatError as exc:
-        raise UsageError(
-            f"cannot read {path}: {exc}; give a trace written by hooktrace run -o FILE.json"
-        ) from exc
+        advice = (
+            "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
+        )
+        raise UsageError(f"cannot read {path}: {exc}{advice}") from exc
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
@@ -264,6 +269,8 @@ def _run_ranks(
     """`--nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
     from .ranks import DEFAULT_TIMEOUT, run_ranks
 
+    if output is not None:
+        _stderr(_rank_files_note(str(output), nproc))
     ranks = run_ranks(
         target,
         nproc,
@@ -292,6 +299,18 @@ def _run_ranks(
         if not _compare(golden, shown, check=True, quiet=quiet):
             code = max(code, EXIT_DIFFERENT)
     return code
+
+
+def _rank_files_note(output: str, nproc: int) -> str:
+    """What `-o` becomes with --nproc: one trace file per rank, JSON whatever the extension."""
+    from .ranks.result import rank_trace_path
+
+    first, last = rank_trace_path(output, 0), rank_trace_path(output, nproc - 1)
+    files = first if nproc == 1 else f"{first} … {last}" if nproc > 2 else f"{first} and {last}"
+    note = f"note: --nproc writes one trace per rank: {files}"
+    if not output.lower().endswith((".json", ".json.gz")):
+        note += f" (JSON, not {Path(output).name}); draw one with: hooktrace render {first} -o {output}"
+    return note
 
 
 def _positive_seconds(value: Optional[float]) -> Optional[float]:
@@ -450,6 +469,15 @@ def diff(
     raise typer.Exit(EXIT_OK if _compare(first, second, check=False, quiet=quiet) else EXIT_DIFFERENT)
 
 
+def _command_path(group: Any, args: List[str], ctx: Any) -> str:
+    """`hooktrace run` for an error in `run`'s options, also when click gives no context (an option
+    missing its value is raised by click's parser, before the command's context exists)."""
+    if ctx is not None and ctx.command_path != "hooktrace":
+        return ctx.command_path
+    first = next((a for a in args if not a.startswith("-")), None)
+    return f"hooktrace {first}" if first in getattr(group, "commands", {}) else "hooktrace"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Console-script entry point: every way out is an exit code and at most one `error:` line."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -458,7 +486,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         code = command.main(args=args or ["--help"], prog_name="hooktrace", standalone_mode=False)
     except typer.TyperException as exc:  # click's own errors: unknown option, missing argument, ...
         ctx = getattr(exc, "ctx", None)
-        hint = f"; see {ctx.command_path} --help" if ctx is not None else "; see hooktrace --help"
+        hint = f"; see {_command_path(command, args, ctx)} --help"
         message = " ".join(exc.format_message().split()).rstrip(".")
         _stderr(f"error: {message}{hint}")
         return EXIT_USAGE if getattr(exc, "exit_code", EXIT_USAGE) == EXIT_USAGE else EXIT_DIFFERENT

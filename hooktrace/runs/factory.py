@@ -158,8 +158,14 @@ def _rejected_message(
     event = failing_event(trace, exception)
     kind = next((m.type for m in trace.modules if event is not None and m.path == event.module), "")
     floating = all(getattr(a, "is_floating_point", lambda: True)() for a in prepared.inputs.args)
+    mismatch = _float_dtype_mismatch(prepared)
     if floating and kind in ("Embedding", "EmbeddingBag"):
         hint = f"{kind} takes indices: add --dtype int64"
+    elif mismatch is not None:
+        hint = (
+            f"the inputs are {mismatch[0]} but the model's parameters are {mismatch[1]}: give --dtype "
+            f"{mismatch[1]}, or leave --dtype out (inputs then take the parameters' dtype)"
+        )
     elif not floating and any(p.is_floating_point() for p in prepared.model.parameters()):
         hint = "give a floating --dtype (e.g. --dtype float32) unless it takes indices, or another shape"
     elif floating and any(not p.is_floating_point() for p in prepared.model.parameters()):
@@ -167,6 +173,16 @@ def _rejected_message(
     else:
         hint = "give the shape it expects (or --dtype int64 if it takes indices)"
     return f"the model rejected {given}: {error}; {hint}"
+
+
+def _float_dtype_mismatch(prepared: Prepared) -> Optional[tuple[str, str]]:
+    """(inputs' dtype, parameters' dtype) when floating inputs and the model's floating parameters
+    differ in dtype (`--dtype bfloat16` into a float32 model), else None."""
+    inputs = {a.dtype for a in prepared.inputs.args if getattr(a, "is_floating_point", lambda: False)()}
+    params = {p.dtype for p in prepared.model.parameters() if p.is_floating_point()}
+    if len(inputs) != 1 or len(params) != 1 or inputs == params:
+        return None
+    return str(inputs.pop()).removeprefix("torch."), str(params.pop()).removeprefix("torch.")
 
 
 def _step(prepared: Prepared, backward: bool, notes: list[str], progress: _Progress) -> None:
