@@ -147,5 +147,5 @@ def test_a_launcher_started_under_nohup_ignores_sighup_and_so_do_its_ranks(tmp_p
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what nohup does
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "rank 0: ok, 1 hooks, 1 hook events" in proc.stdout
+    assert "rank 0: ok, 1 hook registered, 1 fired, 1 hook call" in proc.stdout
     assert "interrupted" not in proc.stdout
