@@ -1,0 +1,268 @@
+"""The pytest plugin (SPEC §3b), run by pytest's own `pytester` on small test projects: update, pass,
+a changed order failing with a diff, a missing snapshot, parametrize ids as file names, xdist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hooktrace.pytest_plugin import snapshot_name
+
+pytest_plugins = ["pytester"]
+
+PLUGIN = ("-p", "hooktrace.pytest_plugin")  # also loaded by the entry point; naming it again is no clash
+
+MODEL = """
+import os
+
+import torch
+
+def pre(module, args):
+    return None
+
+def early(module, args):
+    return None
+
+def post(module, args, output):
+    return None
+
+def make(prepend=True):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    model[0].register_forward_pre_hook(pre)
+    model[0].register_forward_pre_hook(early, prepend=prepend)
+    model[2].register_forward_hook(post)
+    if os.environ.get("EXTRA_HOOK"):
+        model[2].register_forward_pre_hook(pre)
+    return model
+"""
+
+TESTS = """
+import os
+
+import pytest
+import torch
+
+from model import make
+
+def test_model(hook_order):
+    model = make(prepend=not os.environ.get("NO_PREPEND"))
+    with hook_order(model):
+        model(torch.randn(2, 3)).sum().backward()
+
+@pytest.mark.parametrize("width", [2, 4])
+@pytest.mark.parametrize("name", ["a/b c", "plain"])
+def test_params(hook_order, width, name):
+    model = make()
+    with hook_order(model):
+        model(torch.randn(width, 3))
+
+class TestGroup:
+    def test_in_class(self, hook_order):
+        model = make()
+        with hook_order(model) as session:
+            model(torch.randn(1, 3))
+        assert session.trace.events
+"""
+
+
+@pytest.fixture(autouse=True)
+def torch_imported_first() -> None:
+    """pytester's in-process runs drop the modules a run imported; torch cannot be imported twice."""
+    import torch  # noqa: F401
+
+    import hooktrace.capture  # noqa: F401
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(model=MODEL, test_order=TESTS)
+    pytester.syspathinsert()
+    return pytester
+
+
+def snapshots(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "__hooktrace__").rglob("*") if p.is_file())
+
+
+def test_update_writes_one_snapshot_per_test_then_they_pass(project: pytest.Pytester) -> None:
+    result = project.runpytest(*PLUGIN, "--hooktrace-update")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(["hooktrace: 6 snapshot(s) written, 0 unchanged"])
+    found = snapshots(project.path)
+    assert [re.sub(r"\]-[0-9a-f]{8}\.txt$", "]-HASH.txt", f) for f in found] == [
+        "__hooktrace__/test_order/TestGroup.test_in_class.txt",
+        "__hooktrace__/test_order/test_model.txt",
+        "__hooktrace__/test_order/test_params[a_b_c-2]-HASH.txt",  # `a/b c`: unsafe, so hashed
+        "__hooktrace__/test_order/test_params[a_b_c-4]-HASH.txt",
+        "__hooktrace__/test_order/test_params[plain-2].txt",
+        "__hooktrace__/test_order/test_params[plain-4].txt",
+    ]
+    result.stdout.fnmatch_lines([f"  {f}" for f in found])
+    text = (project.path / "__hooktrace__/test_order/test_model.txt").read_text(encoding="utf-8")
+    assert text.splitlines()[2:] == [
+        "# step 0 · forward",
+        "0 forward   0            forward_pre   early [prepend]",
+        "0 forward   0            forward_pre   pre",
+        "0 forward   2            forward       post",
+    ]
+    project.runpytest(*PLUGIN).assert_outcomes(passed=6)
+    again = project.runpytest(*PLUGIN, "--hooktrace-update")
+    again.stdout.fnmatch_lines(["hooktrace: 0 snapshot(s) written, 6 unchanged"])
+
+
+def test_a_changed_order_fails_with_the_diff(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project.runpytest(*PLUGIN, "--hooktrace-update").assert_outcomes(passed=6)
+    monkeypatch.setenv("NO_PREPEND", "1")
+    result = project.runpytest(*PLUGIN, "-k", "test_model")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*hook order differs from the snapshot __hooktrace__/test_order/test_model.txt"
+            " (pytest --hooktrace-update rewrites it)",
+            "*hook order differs: 2 differences (expected 3 hook calls in 1 step(s), got 3 in 1)",
+            "*'early' moved from position 1 to 2 of 2",
+            "*'early' (module hook): prepend True → False",
+            "*--- __hooktrace__/test_order/test_model.txt",
+            "*+++ this run",
+        ]
+    )
+    assert (
+        "\n-0 forward   0            forward_pre   early [prepend]"
+        "\n 0 forward   0            forward_pre   pre"
+        "\n+0 forward   0            forward_pre   early\n"
+    ) in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()
+    monkeypatch.delenv("NO_PREPEND")
+    monkeypatch.setenv("EXTRA_HOOK", "1")
+    added = project.runpytest(*PLUGIN, "-k", "test_model")
+    added.assert_outcomes(failed=1)
+    added.stdout.fnmatch_lines(
+        [
+            "*module '2', forward_pre hooks: 'pre' fired 1× (not expected)",
+            "*+0 forward   2            forward_pre   pre",
+        ]
+    )
+
+
+def test_a_missing_snapshot_fails_and_says_how_to_write_it(project: pytest.Pytester) -> None:
+    result = project.runpytest(*PLUGIN, "-k", "test_model")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*no hook-order snapshot __hooktrace__/test_order/test_model.txt for this test: "
+            "run pytest --hooktrace-update to write it, then review and commit it"
+        ]
+    )
+    assert not (project.path / "__hooktrace__").exists()
+
+
+def test_without_a_model_an_error_in_the_block_and_two_blocks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_more="""
+        import pytest
+        import torch
+
+        def test_no_model(hook_order):
+            model = torch.nn.Linear(2, 2)
+            model.register_forward_hook(lambda *a: None)
+            with hook_order():
+                model(torch.randn(1, 2))
+
+        def test_two_blocks(hook_order):
+            model = torch.nn.Linear(2, 2)
+            with hook_order(model):
+                pass
+            model.register_forward_pre_hook(lambda *a: None)
+            with hook_order(model):
+                model(torch.randn(1, 2))
+
+        def test_raises(hook_order):
+            model = torch.nn.Linear(2, 2)
+            with pytest.raises(ValueError):
+                with hook_order(model):
+                    raise ValueError("in the block")
+        """
+    )
+    pytester.runpytest(*PLUGIN, "--hooktrace-update").assert_outcomes(passed=3)
+    assert snapshots(pytester.path) == [
+        "__hooktrace__/test_more/test_no_model.txt",
+        "__hooktrace__/test_more/test_two_blocks.2.txt",
+        "__hooktrace__/test_more/test_two_blocks.txt",
+    ]
+    no_model = (pytester.path / "__hooktrace__/test_more/test_no_model.txt").read_text(encoding="utf-8")
+    assert "forward       test_no_model.<locals>.<lambda>" in no_model
+    empty = (pytester.path / "__hooktrace__/test_more/test_two_blocks.txt").read_text(encoding="utf-8")
+    assert [x for x in empty.splitlines() if x and not x.startswith("#")] == []
+    pytester.runpytest(*PLUGIN).assert_outcomes(passed=3)
+
+
+def test_a_hand_edited_snapshot_compares_by_its_lines(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model").assert_outcomes(passed=1)
+    path = project.path / "__hooktrace__/test_order/test_model.txt"
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x and not x.startswith("#")]
+    path.write_text("# reviewed by hand\n" + "\n".join(x.replace("   ", " ") for x in lines) + "\n")
+    project.runpytest(*PLUGIN, "-k", "test_model").assert_outcomes(passed=1)
+    path.write_text("0 forward 0 forward_pre\n", encoding="utf-8")
+    broken = project.runpytest(*PLUGIN, "-k", "test_model")
+    broken.assert_outcomes(failed=1)
+    broken.stdout.fnmatch_lines(
+        ["*is not an order file (line 1: expected step, phase, module, kind and hook*"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "name"),
+    [
+        ("tests/test_x.py::test_a", "test_a"),
+        ("tests/test_x.py::TestA::test_b[1-2]", "TestA.test_b[1-2]"),
+        ("test_x.py::test_c[a/b]", "test_c[a_b]-"),
+        ("test_x.py::test_c[a_b]", "test_c[a_b]"),
+        ('test_x.py::test_d[ü:*?<>|"]', "test_d[________]-"),
+    ],
+)
+def test_snapshot_names_are_safe_file_names(nodeid: str, name: str) -> None:
+    got = snapshot_name(nodeid)
+    assert got.startswith(name) and (got == name or len(got) == len(name) + 8)
+    assert snapshot_name(nodeid) == got
+    assert snapshot_name("x.py::test_" + "p" * 500).endswith(snapshot_name("x.py::test_" + "p" * 500)[-9:])
+    assert len(snapshot_name("x.py::test_" + "p" * 500)) <= 130
+
+
+def test_loading_the_plugin_imports_neither_torch_nor_hooktrace_s_capture() -> None:
+    code = (
+        "import sys, pytest\n"
+        "import hooktrace.pytest_plugin\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'hooktrace.capture' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_entry_point_is_declared_and_installed() -> None:
+    from importlib.metadata import entry_points
+
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert "[project.entry-points.pytest11]\n" in pyproject
+    assert '"hooktrace.pytest_plugin" = "hooktrace.pytest_plugin"' in pyproject
+    installed = [e.value for e in entry_points(group="pytest11")]
+    if "hooktrace.pytest_plugin" not in installed:
+        pytest.skip("this environment's hooktrace was installed before the entry point: pip install -e .")
+
+
+@pytest.mark.slow  # two worker processes import torch: about a minute on this VM
+def test_safe_under_xdist(project: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    project.runpytest_subprocess(*PLUGIN, "-p", "xdist", "-n", "2", "--hooktrace-update").assert_outcomes(
+        passed=6
+    )
+    assert len(snapshots(project.path)) == 6
+    assert not list(project.path.rglob("*.tmp*"))
+    project.runpytest_subprocess(*PLUGIN, "-p", "xdist", "-n", "2").assert_outcomes(passed=6)
