@@ -15,7 +15,7 @@ Each line stands alone (a diff hunk needs no context to say where it is); the `#
 for the eye and ignored when read back. A line holds only what is the same on every machine and
 run: no times, handle ids, threads, file paths or line numbers. Padding is by the field's own value,
 never by its neighbours', so a change touches only its own lines. Names with spaces, quotes,
-brackets or characters outside printable ASCII are written as JSON strings; the root module is
+brackets or characters that are not printable are written as JSON strings; the root module is
 `<root>`, no module `-`.
 
 `parse_order` reads the text back into a `Trace` that holds exactly what the lines say (its hooks,
@@ -58,16 +58,11 @@ class OrderFormatError(ValueError):
 
 # -- writing ---------------------------------------------------------------------------------------
 def _token(text: str) -> str:
-    """`text` as one token: as it is when it is plain printable ASCII, else a JSON string."""
-    if (
-        text
-        and text.isascii()
-        and text.isprintable()
-        and not any(c in text for c in ' "[]')
-        and text[0] != "#"
-    ):
+    """`text` as one token: as it is when every character is printable and none is a space, quote or
+    bracket; else a JSON string, in which what is not printable (controls, bidi marks) is escaped."""
+    if text and text.isprintable() and not any(c in text for c in ' "[]') and text[0] != "#":
         return text
-    return json.dumps(text, ensure_ascii=True)
+    return '"' + "".join(c if c.isprintable() and c not in '"\\' else json.dumps(c)[1:-1] for c in text) + '"'
 
 
 def _module_token(path: Optional[str]) -> str:
@@ -75,7 +70,7 @@ def _module_token(path: Optional[str]) -> str:
         return NO_MODULE
     if path == "":
         return ROOT_TOKEN
-    return json.dumps(path) if path in (ROOT_TOKEN, NO_MODULE) else _token(path)
+    return f'"{path}"' if path in (ROOT_TOKEN, NO_MODULE) else _token(path)
 
 
 def _scope_of(kind: str, is_global: bool) -> str:
