@@ -47,7 +47,7 @@ import os
 import pytest
 import torch
 
-from model import make
+from hooktrace_locked_model import make
 
 def test_model(hook_order):
     model = make(prepend=not os.environ.get("NO_PREPEND"))
@@ -80,7 +80,7 @@ def torch_imported_first() -> None:
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(model=MODEL, test_order=TESTS)
+    pytester.makepyfile(hooktrace_locked_model=MODEL, test_locked=TESTS)
     pytester.syspathinsert()
     return pytester
 
@@ -95,15 +95,15 @@ def test_update_writes_one_snapshot_per_test_then_they_pass(project: pytest.Pyte
     result.stdout.fnmatch_lines(["hooktrace: 6 snapshot(s) written, 0 unchanged"])
     found = snapshots(project.path)
     assert [re.sub(r"\]-[0-9a-f]{8}\.txt$", "]-HASH.txt", f) for f in found] == [
-        "__hooktrace__/test_order/TestGroup.test_in_class.txt",
-        "__hooktrace__/test_order/test_model.txt",
-        "__hooktrace__/test_order/test_params[a_b_c-2]-HASH.txt",  # `a/b c`: unsafe, so hashed
-        "__hooktrace__/test_order/test_params[a_b_c-4]-HASH.txt",
-        "__hooktrace__/test_order/test_params[plain-2].txt",
-        "__hooktrace__/test_order/test_params[plain-4].txt",
+        "__hooktrace__/test_locked/TestGroup.test_in_class.txt",
+        "__hooktrace__/test_locked/test_model.txt",
+        "__hooktrace__/test_locked/test_params[a_b_c-2]-HASH.txt",  # `a/b c`: unsafe, so hashed
+        "__hooktrace__/test_locked/test_params[a_b_c-4]-HASH.txt",
+        "__hooktrace__/test_locked/test_params[plain-2].txt",
+        "__hooktrace__/test_locked/test_params[plain-4].txt",
     ]
     result.stdout.fnmatch_lines([f"  {f}" for f in found])
-    text = (project.path / "__hooktrace__/test_order/test_model.txt").read_text(encoding="utf-8")
+    text = (project.path / "__hooktrace__/test_locked/test_model.txt").read_text(encoding="utf-8")
     assert text.splitlines()[2:] == [
         "# step 0 · forward",
         "0 forward   0            forward_pre   early [prepend]",
@@ -124,12 +124,12 @@ def test_a_changed_order_fails_with_the_diff(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*hook order differs from the snapshot __hooktrace__/test_order/test_model.txt"
+            "*hook order differs from the snapshot __hooktrace__/test_locked/test_model.txt"
             " (pytest --hooktrace-update rewrites it)",
             "*hook order differs: 2 differences (expected 3 hook calls in 1 step(s), got 3 in 1)",
             "*'early' moved from position 1 to 2 of 2",
             "*'early' (module hook): prepend True → False",
-            "*--- __hooktrace__/test_order/test_model.txt",
+            "*--- __hooktrace__/test_locked/test_model.txt",
             "*+++ this run",
         ]
     )
@@ -156,7 +156,7 @@ def test_a_missing_snapshot_fails_and_says_how_to_write_it(project: pytest.Pytes
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*no hook-order snapshot __hooktrace__/test_order/test_model.txt for this test: "
+            "*no hook-order snapshot __hooktrace__/test_locked/test_model.txt for this test: "
             "run pytest --hooktrace-update to write it, then review and commit it"
         ]
     )
@@ -205,7 +205,7 @@ def test_without_a_model_an_error_in_the_block_and_two_blocks(pytester: pytest.P
 
 def test_a_hand_edited_snapshot_compares_by_its_lines(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model").assert_outcomes(passed=1)
-    path = project.path / "__hooktrace__/test_order/test_model.txt"
+    path = project.path / "__hooktrace__/test_locked/test_model.txt"
     lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x and not x.startswith("#")]
     path.write_text("# reviewed by hand\n" + "\n".join(x.replace("   ", " ") for x in lines) + "\n")
     project.runpytest(*PLUGIN, "-k", "test_model").assert_outcomes(passed=1)
