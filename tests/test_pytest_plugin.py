@@ -126,7 +126,7 @@ def test_a_changed_order_fails_with_the_diff(
         [
             "*hook order differs from the snapshot __hooktrace__/test_locked/test_model.txt"
             " (pytest --hooktrace-update rewrites it)",
-            "*hook order differs: 2 differences (expected 3 hook calls in 1 step(s), got 3 in 1)",
+            "*hook order differs: 2 differences (expected 3 hook calls in 1 step, got 3 in 1)",
             "*'early' moved from position 1 to 2 of 2",
             "*'early' (module hook): prepend True → False",
             "*--- __hooktrace__/test_locked/test_model.txt",
