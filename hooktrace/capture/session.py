@@ -312,9 +312,11 @@ class TraceSession:
                 return
             self._book.sites[handle.id] = site
             variable = getattr(node, "variable", None) if node is not None else None
-            # the node's dict holds one kind: hooks registered on it before the block are traced now too
-            for hid in list(d):
-                self._book.wrap_tensor_hook(d, hid, kind, variable, scope="node")
+            # the node's dict holds one kind: hooks registered on it before the block are traced now
+            # too, but not PyTorch's own (a module's backward hooks' BackwardHook node hooks)
+            for hid, fn in list(d.items()):
+                if hid == handle.id or not sites.is_plumbing_hook(fn):
+                    self._book.wrap_tensor_hook(d, hid, kind, variable, scope="node")
 
     def saved_tensors_shims(self, ctx: Any, frame: FrameType) -> tuple[Any, Any]:
         return self._book.saved_tensors_shims(ctx, self._site(frame))

@@ -301,6 +301,15 @@ def _frame_class_in(filename: str, cwd: str) -> int:
     return USER
 
 
+def is_plumbing_hook(fn: Any) -> bool:
+    """A hook PyTorch's own plumbing put in a node's dict (BackwardHook's, a legacy module backward
+    hook's `_WrappedHook`): its code, or its class's `__call__`, is in a PLUMBING file."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        code = getattr(vars(type(fn)).get("__call__"), "__code__", None)
+    return code is not None and _frame_class(code.co_filename) == PLUMBING
+
+
 def call_sites(frame: Optional[FrameType]) -> tuple[Optional[str], Optional[str]]:
     """(registered_at, registered_by) for a registration whose caller is `frame`.
 
