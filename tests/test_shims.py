@@ -88,7 +88,9 @@ def test_records_hold_no_objects_the_garbage_collector_must_walk() -> None:
         gc.collect()
         records = rec.hooks + rec.calls
         assert records and not any(gc.is_tracked(r) for r in records)
-        assert {id(r()) for r in rec.modules} == set(rec.module_ids) == {id(model), id(model[0]), id(model[1])}
+        assert (
+            {id(r()) for r in rec.modules} == set(rec.module_ids) == {id(model), id(model[0]), id(model[1])}
+        )
         # one int object per module id, shared by its records (memory per event)
         named = [r[6] for r in rec.hooks] + [r[3] for r in rec.calls]
         assert named and all(key is rec.module_ids[key] for key in named)

@@ -122,7 +122,7 @@ def hook_dicts(model: Any) -> Iterator[HookDict]:
 
 def live_hook_ids(model: Any) -> set[int]:
     """Ids of every hook registered now on the model's modules and parameters, and globally."""
-    return {hid for hd in hook_dicts(model) for hid in hd.d}
+    return {hid for hd in hook_dicts(model) for hid in [*hd.d]}
 
 
 def module_flags(owner: Any, kind: str, hook_id: int) -> tuple[bool, bool]:

@@ -44,6 +44,15 @@ def _ref(d: dict) -> Callable[[], Optional[dict]]:
         return lambda: d
 
 
+def _state(d: dict) -> list:
+    """The dict's keys, then the ids of its hooks: what a view was made from."""
+    try:
+        return [*d, *map(id, d.values())]
+    except RuntimeError:  # another thread changed the dict between the two reads: read it once
+        items = [*d.items()]
+        return [*(k for k, _ in items), *(id(v) for _, v in items)]
+
+
 class HookBook:
     def __init__(self, rec: shims.Recorder, path_of: Callable[[Any], Optional[str]]) -> None:
         self.rec = rec
@@ -142,7 +151,7 @@ class HookBook:
         (the cache holds those hooks, so their ids cannot be reused): an unchanged dict costs one
         C-level list build and a comparison, whatever objects it holds.
         """
-        state = [*d, *map(id, d.values())]  # keys, then ids of hooks; callers pass non-empty dicts only
+        state = _state(d)  # callers pass non-empty dicts only
         last = self._last_views.get((id(d), id(owner)))
         if last is not None and last[0] == state:
             return last[1]
@@ -155,7 +164,7 @@ class HookBook:
         are: a traced step costs the same whether it is the first or the tenth of a capture.
         """
         if d:
-            self._make_view(d, owner, [*d, *map(id, d.values())], lambda: kind)
+            self._make_view(d, owner, _state(d), lambda: kind)
 
     def _make_view(self, d: dict, owner: Any, state: list, kind_of: Callable[[], str]) -> dict:
         cache = self._views.get((id(d), id(owner)))
@@ -163,7 +172,9 @@ class HookBook:
             cache = self._views[(id(d), id(owner))] = {}
         out = {}
         fresh = False
-        for hid, fn in d.items():
+        # one read (a C-level copy, which no other thread interrupts): the loop runs Python code, during
+        # which another thread may register or remove hooks
+        for hid, fn in [*d.items()]:
             entry = cache.get(hid)
             if entry is None or entry[0] is not fn:
                 kind = kind_of()
@@ -177,8 +188,12 @@ class HookBook:
         return out
 
     # -- tensor and autograd-node hooks: shims in place ---------------------------------
-    def wrap_tensor_hook(self, d: dict, hid: int, kind: str, tensor: Any, scope: str = "tensor") -> Record:
-        fn = d[hid]
+    def wrap_tensor_hook(
+        self, d: dict, hid: int, kind: str, tensor: Any, scope: str = "tensor"
+    ) -> Optional[Record]:
+        fn = d.get(hid)
+        if fn is None:  # removed meanwhile, on another thread
+            return None
         entry = self.tensor_shims.get(id(fn))
         if entry is not None and entry[0]() is fn:  # already ours
             return self.records[entry[2]]
@@ -190,7 +205,10 @@ class HookBook:
         table = self.tensor_shims
         # the shim dies with its tensor's dict, and leaves the table then
         table[key] = (weakref.ref(shim, lambda _r: table.pop(key, None)), _ref(d), record.id)
-        d[hid] = shim
+        if d.get(hid) is fn:
+            d[hid] = shim
+            if record.removed:  # its handle removed it on another thread between the read and the write
+                d.pop(hid, None)
         return record
 
     # -- hooks without a RemovableHandle -----------------------------------------------
@@ -239,8 +257,11 @@ class HookBook:
         table = self.tensor_shims
         for hid, value in list(d.items()):
             entry = table.get(id(value))
-            if entry is not None and entry[0]() is value:
+            if entry is not None and entry[0]() is value and d.get(hid) is value:
                 d[hid] = value.__wrapped__
+                record = self.records.get(entry[2])
+                if record is not None and record.removed:  # removed on another thread meanwhile
+                    d.pop(hid, None)
 
     def kind_and_owner(self, tid: int) -> tuple[Optional[str], Any]:
         record = self.records.get(tid)

@@ -179,10 +179,11 @@ class TraceSession:
                 if self._views is not None:
                     self._views.restore()
                     shims.end_module_call(self._module_call)
-                if self._interceptor is not None:
-                    self._interceptor.restore()
+                # the walk puts tensor hooks back: removals on other threads are still seen meanwhile
                 final = self._final_walk()
             finally:
+                if self._interceptor is not None:
+                    self._interceptor.restore()
                 if final is None:  # the walk failed: at least no shim stays in a tensor's dict
                     for ref, _owner, scope in list(self._book.seen_dicts.values()):
                         d = ref()
@@ -230,7 +231,7 @@ class TraceSession:
         book = self._book
         if scope == "tensor":
             book.unwrap(d)
-        for hid, fn in d.items():
+        for hid, fn in [*d.items()]:  # one read: other threads may still register or remove
             record = book.record(d, hid, fn, kind, owner, scope)
             if tensor is not None and record.tensor_ref is None:
                 record.tensor_ref = weak(tensor)
@@ -284,12 +285,16 @@ class TraceSession:
                 return
             if kind in _TENSOR_KINDS:
                 record = book.wrap_tensor_hook(d, handle.id, kind, owner)
-                record.tensor_desc = self._namer.describe(owner, frame)
+                if record is not None:
+                    record.tensor_desc = self._namer.describe(owner, frame)
                 return
         if kind == "backward":
             kind = dicts.backward_kind(owner)
         # the record exists from now on, so a hook removed before it could fire is still in the trace
-        book.record(d, handle.id, d[handle.id], kind, owner, dicts.scope_of(owner))
+        fn = d.get(handle.id)
+        if fn is None:  # removed meanwhile, on another thread
+            return
+        book.record(d, handle.id, fn, kind, owner, dicts.scope_of(owner))
         book.infer_prepends(d)
 
     def _on_input(self, module: Any, tensor: Any) -> None:
@@ -298,9 +303,9 @@ class TraceSession:
             if not self._active:
                 return
             for hd in dicts.tensor_dicts(tensor):
-                for hid in list(hd.d or ()):
+                for hid in [*(hd.d or ())]:
                     record = self._book.wrap_tensor_hook(hd.d, hid, hd.kind, tensor)
-                    if record.tensor_desc is None:
+                    if record is not None and record.tensor_desc is None:
                         record.tensor_desc = ("input of", self._rec.who(module))
 
     # -- hooks held outside Python (capture/autograd.py) ---------------------------------
