@@ -55,7 +55,7 @@ def test_enter_run_and_exit_while_another_thread_registers_and_removes_hooks():
         for _ in range(40):
             try:
                 with hooktrace.trace(m) as t:
-                    m(torch.ones(1, 2)).sum().backward()
+                    m(torch.ones(1, 2, requires_grad=True)).sum().backward()
                 t.to_dict()
                 outcomes.append(None)
             except Exception as e:  # PyTorch's own errors may happen (as untraced); hooktrace's must not
