@@ -97,11 +97,17 @@ ALL_SURPRISES_OPT = typer.Option(
 TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
 
 
-def _stderr(message: str) -> None:
-    """A diagnostic line; text from names, paths and files in it shows control characters escaped."""
+def _safe(message: str) -> str:
+    """Lines of text from names, paths and files, their control characters (and lone surrogates,
+    which stdout cannot encode) shown escaped."""
     from .render.safe import safe_text
 
-    print("\n".join(safe_text(line) for line in message.split("\n")), file=sys.stderr, flush=True)
+    return "\n".join(safe_text(line) for line in message.split("\n"))
+
+
+def _stderr(message: str) -> None:
+    """A diagnostic line; text from names, paths and files in it shows control characters escaped."""
+    print(_safe(message), file=sys.stderr, flush=True)
 
 
 def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
@@ -248,9 +254,9 @@ def _compare(expected: Side, observed: Side, *, check: bool, quiet: bool = False
     result = compare_sides(expected, observed)
     if result.equal:
         if not quiet:
-            print(f"same hook order: {expected.name} and {observed.name}", file=stream)
+            print(_safe(f"same hook order: {expected.name} and {observed.name}"), file=stream)
         return True
-    print(result.summary(), file=stream)
+    print(_safe(result.summary()), file=stream)
     return False
 
 
@@ -284,7 +290,7 @@ def _run_ranks(
     if ranks.shown is not None:
         _output(ranks.shown, fmt, None, view)
     if fmt in (None, "tree"):
-        print(ranks.summary())
+        print(_safe(ranks.summary()))
     else:  # keep stdout one document (`-f json | jq`)
         _stderr(ranks.summary())
     if show_traceback:

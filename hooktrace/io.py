@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import json
 import operator
 import os
+import re
 import secrets
 import stat
 import sys
@@ -51,14 +53,44 @@ def short(value: Any) -> str:
 
 
 # -- JSON --------------------------------------------------------------------------------------------------
+# A lone surrogate (a str from user code may hold "\ud800"; UTF-8 cannot) is written as its JSON
+# escape and read back as the same code point. orjson does neither: the standard library does both.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def dumps(data: Any, newline: bool = False) -> bytes:
-    """Compact JSON bytes (orjson), with a newline at the end if asked (no copy of the bytes)."""
-    return orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE if newline else None)
+    """Compact JSON bytes (orjson), with a newline at the end if asked (no copy of the bytes). A
+    string holding a lone surrogate gets its `\\uXXXX` escape (see `loads`)."""
+    try:
+        return orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE if newline else None)
+    except orjson.JSONEncodeError:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        if not _SURROGATE.search(text):
+            raise
+        escaped = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+        return (escaped + "\n" if newline else escaped).encode("utf-8")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def loads(raw: Union[bytes, bytearray, memoryview, str]) -> Any:
-    """JSON from bytes; a repeated key keeps its last value, whatever the document's size."""
-    return orjson.loads(raw)
+    """JSON from bytes; a repeated key keeps its last value, whatever the document's size. A
+    `\\uXXXX` escape of a lone surrogate (what `dumps` writes for one) reads back as that code
+    point; orjson.JSONDecodeError for anything that is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        error = exc
+    try:  # UTF-8 only, as orjson reads it
+        text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
+        if _SURROGATE_ESCAPE.search(text):
+            return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        pass
+    raise error
 
 
 _INT_BYTES = b"0123456789-,"
@@ -188,9 +220,9 @@ def columns_json(rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: 
     chunks = [b'{"count":%d,"columns":{' % len(rows)]
     for i, (name, parts) in enumerate(zip(fields, slices)):
         chunks.append(b'%s"%s":[' % (b"," if i else b"", name.encode()))
-        chunks.append(b",".join([orjson.dumps(part)[1:-1] for part in parts]))
+        chunks.append(b",".join([dumps(part)[1:-1] for part in parts]))
         chunks.append(b"]")
-    chunks += [b'},"tables":', orjson.dumps(tables), b"}"]
+    chunks += [b'},"tables":', dumps(tables), b"}"]
     return chunks
 
 

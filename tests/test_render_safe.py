@@ -136,3 +136,77 @@ def test_hooks_listing_and_error_lines_escape_control_sequences(tmp_path) -> Non
         assert "\x1b" not in out and "\x07" not in out
     assert "a\\x1b]52;c;SGVsbG8=\\x07b" in listing.stdout
     assert "no\\x1b[2Jhere.py" in missing.stderr
+
+
+# What reorders, breaks or hides text, one character at a time: bidi marks, embeddings, overrides
+# and isolates; line/paragraph separators (C1 NEL too); invisible format characters; tag characters
+# (hidden text past U+FFFF); a lone surrogate; ESC.
+HIDDEN = {
+    "ALM U+061C": "\u061c",
+    "LRM U+200E": "\u200e",
+    "RLM U+200F": "\u200f",
+    "LRE U+202A": "\u202a",
+    "RLO U+202E": "\u202e",
+    "LRI U+2066": "\u2066",
+    "PDI U+2069": "\u2069",
+    "LINE SEPARATOR U+2028": "\u2028",
+    "PARAGRAPH SEPARATOR U+2029": "\u2029",
+    "NEL U+0085": "\x85",
+    "ZERO WIDTH SPACE U+200B": "\u200b",
+    "WORD JOINER U+2060": "\u2060",
+    "MONGOLIAN VOWEL SEPARATOR U+180E": "\u180e",
+    "BOM U+FEFF": "\ufeff",
+    "INTERLINEAR ANCHOR U+FFF9": "\ufff9",
+    "TAG LATIN A U+E0041": "\U000e0041",
+    "lone surrogate U+D800": "\ud800",
+    "ESC": "\x1b",
+}
+
+
+def _one_char_trace(ch: str) -> Trace:
+    mod = f"enc{ch}.fc"
+    b = Builder((mod, f"Lin{ch}ear"))
+    pre = b.hook("forward_pre", mod, f"pre{ch}hook")
+    b.enter("")
+    b.enter(mod)
+    b.fire(pre, mod, error=f"ValueError: bad{ch}value")
+    b.exit(mod, error=f"ValueError: bad{ch}value")
+    b.exit("")
+    b.surprises.append(Surprise("hook-error", f"message{ch}here", [pre], [2]))
+    return b.trace(target=f"mod{ch}el.py:make")
+
+
+@pytest.mark.parametrize("ch", list(HIDDEN.values()), ids=list(HIDDEN))
+def test_no_renderer_shows_a_hidden_or_reordering_character_raw(ch: str) -> None:
+    from hooktrace.render.notebook import trace_html, tree_html
+
+    trace = _one_char_trace(ch)
+    shown = {
+        "tree": tree_text(trace, width=120, all_surprises=True),
+        "tree in colour": tree_text(trace, width=120, color=True, all_surprises=True),
+        "notebook tree": tree_html(trace),
+        "dot": dot_source(trace),
+        "chrome": str(render(trace, "chrome")),
+        "order": str(render(trace, "order")),
+    }
+    if HAS_DOT:
+        shown["svg"] = svg(trace)
+        shown["notebook"] = trace_html(trace)
+    for where, text in shown.items():
+        if not (ch == "\x1b" and where == "tree in colour"):  # there ESC starts rich's own colours
+            assert ch not in text, where
+    escape = safe_text(ch)
+    assert escape != ch and f"pre{escape}hook" in shown["tree"]
+    assert f"enc{escape}.fc" in shown["tree"]
+    chrome_names = {e["name"] for e in json.loads(shown["chrome"])["traceEvents"]}
+    assert f"pre{ch}hook" in chrome_names  # JSON escapes: the value itself is unchanged
+    if HAS_DOT:
+        root = ET.fromstring(shown["svg"])
+        texts = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+        assert f"pre{escape}hook" in texts
+
+
+def test_joiners_and_letters_are_not_escaped() -> None:
+    """The nearest case: zero-width joiners (emoji, Indic scripts), RTL letters, accents stay."""
+    for text in ("👩\u200d💻", "क्\u200dष", "نموذج", "Ünïcode", "שלום"):
+        assert safe_text(text) == text

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from ..analysis.calls import in_order, pair
 from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
+from .safe import UNSAFE_CHARS
 
 
 def _us(ns: int) -> float:
@@ -166,14 +167,22 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
 
 
 # characters JSON may carry raw that a terminal or an XML/UTF-8 reader must not get (see render.safe)
-_UNSAFE_JSON = re.compile("[\x7f-\x9f\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]")
+_UNSAFE_JSON = re.compile(f"[{UNSAFE_CHARS}]")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # JSON spells a character past U+FFFF as its UTF-16 surrogate pair
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _dumps(value: Any) -> str:
     """Compact JSON, readable non-ASCII kept, but every control character as a `\\uXXXX` escape
     (the same value once decoded), so the file is safe to print to a terminal."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    return _UNSAFE_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _UNSAFE_JSON.sub(_json_escape, text)
 
 
 def chrome_json(trace: Trace) -> str:

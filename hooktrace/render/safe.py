@@ -13,20 +13,27 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["safe_text"]
+__all__ = ["UNSAFE_CHARS", "safe_text"]
 
-# C0 controls (tab and newline included: they would break a one-line label), DEL, C1 controls,
-# lone surrogates (unencodable as UTF-8), bidirectional overrides and isolates (they reorder what
-# follows, hiding text), the BOM/zero-width no-break space, and the noncharacters U+FFFE/U+FFFF
-# (not allowed in XML).
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\ud800-\udfff\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]"
+# C0 controls (tab and newline included: they would break a one-line label), DEL, C1 controls (NEL
+# included), lone surrogates (unencodable as UTF-8); what reorders, breaks or hides text: the bidi
+# marks (ALM U+061C, LRM, RLM), embeddings, overrides and isolates, the line and paragraph
+# separators U+2028/U+2029, the invisible format characters (zero-width space, word joiner and
+# invisible operators, the Mongolian vowel separator, interlinear annotations, the BOM, tag
+# characters that can smuggle hidden text); and the noncharacters U+FFFE/U+FFFF (not allowed in
+# XML). The zero-width joiners U+200C/U+200D stay: emoji and several scripts need them.
+UNSAFE_CHARS = (
+    "\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064"
+    "\u2066-\u206f\ufeff\ufff9-\ufffb\ufffe\uffff\U000e0001\U000e0020-\U000e007f"
 )
+_UNSAFE = re.compile(f"[{UNSAFE_CHARS}]")
 
 
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def safe_text(text: object) -> str:
