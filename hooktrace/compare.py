@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from .analysis.diff import TraceDiff, diff_traces
+from .io import read_bytes
 from .render.order import OrderFormatError, is_order_text, order_lines, order_text, parse_order
 from .schema import Trace, TraceFormatError, load
 
@@ -79,12 +80,11 @@ def _is_path(text: str) -> bool:
 
 def read_file(path: Path) -> Side:
     """A saved trace (JSON, gzip) or an order file, by its first bytes."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-    if not is_order_text(head):
+    raw = read_bytes(path)  # a regular file of a bounded size: never a FIFO or /dev/zero
+    if not is_order_text(raw[:64]):
         return Side(load(path), False, str(path))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise OrderFormatError(f"{path} is neither a saved trace nor an order file (not UTF-8)") from exc
     try:

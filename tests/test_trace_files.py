@@ -13,6 +13,8 @@ import pytest
 from hooktrace.schema import TraceFormatError, load
 from tests.trace_samples import realistic, sample
 
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+
 # -- gzip ----------------------------------------------------------------------------------------------------
 
 
@@ -217,3 +219,70 @@ def test_save_under_a_file_size_limit_leaves_the_earlier_trace(tmp_path, name):
     assert proc.stdout.startswith("failed"), proc.stderr[-2000:]
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+# -- what is not a trace file ---------------------------------------------------------------------------------
+
+
+def _special(kind: str, tmp_path: Path) -> str:
+    """A path that is not a regular file, made without blocking (a FIFO with no writer)."""
+    import os
+    import socket
+
+    if kind == "fifo":
+        path = tmp_path / "t.json"
+        os.mkfifo(path)
+        return str(path)
+    if kind == "socket":
+        path = tmp_path / "t.sock"
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+        return str(path)
+    if kind == "folder":
+        return str(tmp_path)
+    return kind  # a device
+
+
+SPECIAL = ["fifo", "/dev/zero", "/dev/null", "/dev/urandom", "folder", "socket"]
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+def test_load_refuses_what_is_not_a_regular_file_without_reading_it(tmp_path, kind):
+    path = _special(kind, tmp_path)
+    with pytest.raises(TraceFormatError, match="not a regular file"):
+        load(path)  # a FIFO with no writer would block here; /dev/zero would fill the memory
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("command", ["render", "diff", "check"])
+def test_the_cli_says_error_for_what_is_not_a_regular_file(tmp_path, kind, command):
+    path = _special(kind, tmp_path)
+    good = tmp_path / "good.json"
+    sample().save(good)
+    args = {
+        "render": ["render", path],
+        "diff": ["diff", str(good), path],
+        "check": ["run", str(SAMPLES / "quickstart.py"), "--check", path],
+    }[command]
+    script = Path(sys.executable).with_name("hooktrace")
+    done = subprocess.run([str(script), *args], capture_output=True, text=True, timeout=120)  # no hang
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: cannot read ") and "not a regular file" in line
+
+
+def test_a_file_larger_than_the_bound_is_refused_by_its_size(tmp_path):
+    from hooktrace import io
+
+    big = tmp_path / "big.json"
+    with open(big, "wb") as fh:
+        fh.truncate(io.READ_CAP + 1)  # sparse: no disk space, and never read
+    with pytest.raises(TraceFormatError, match="larger than 2048 MiB"):
+        load(big)
+    exact = tmp_path / "exact.json"
+    exact.write_bytes(sample().to_json())
+    size = exact.stat().st_size
+    assert io.read_bytes(exact, limit=size) == sample().to_json()  # the nearest case: at the bound
+    with pytest.raises(TraceFormatError, match="larger than"):
+        io.read_bytes(exact, limit=size - 1)
