@@ -319,12 +319,6 @@ def _rank_files_note(output: str, nproc: int) -> str:
     return note
 
 
-def _positive_seconds(value: Optional[float]) -> Optional[float]:
-    if value is not None and not value > 0:  # 0 would stop every rank at once; NaN never
-        raise typer.BadParameter(f"{value:g} is not a positive number of seconds")
-    return value
-
-
 # -- commands -------------------------------------------------------------------------------------
 
 
@@ -354,7 +348,7 @@ def run(
     rank: Optional[int] = typer.Option(
         None, "--rank", metavar="R", min=0, help="With --nproc: the rank to show."
     ),
-    timeout: Optional[float] = cli_option("timeout", None, callback=_positive_seconds),
+    timeout: Optional[float] = cli_option("timeout", None),
     depth: Optional[int] = DEPTH_OPT,
     module: Optional[str] = MODULE_OPT,
     phase: Optional[str] = PHASE_OPT,

@@ -10,6 +10,8 @@ typer declaration of a flag; rank workers receive the same `RunOptions` as JSON 
 from __future__ import annotations
 
 import difflib
+import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -22,6 +24,12 @@ ROOT_LABEL = "<root>"  # how the tree shows the root module; `--module "<root>"`
 VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
               "all_surprises": "--all-surprises"}  # fmt: skip
 _DEVICE = re.compile(r"(cpu|auto|cuda(:\d+)?)")
+# Bounds of the numbers a run takes. A trace keeps every event in memory (a million events is about
+# 0.5 GB) and hook order settles within a few steps: --steps stops at ten thousand. --timeout is a
+# finite number of seconds up to a week. --nproc: see `max_nproc`.
+MAX_STEPS = 10_000
+MAX_TIMEOUT = 7 * 24 * 3600.0
+_MAX_SIZE = 2**63 - 1  # one --input size: what torch takes as a size at all
 
 
 class UsageError(Exception):
@@ -81,8 +89,7 @@ class RunOptions:
 
     def check(self) -> RunOptions:
         """Raise UsageError for a value no run could use; torch is not imported. Returns self."""
-        if self.steps < 1:
-            raise UsageError(f"--steps {self.steps}: give at least 1")
+        check_steps(self.steps)
         for text in self.input_shapes:
             parse_shape(text)
         if self.dtype is not None:
@@ -91,9 +98,45 @@ class RunOptions:
             raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
         if self.optimizer is not None and self.optimizer.lower() not in OPTIMIZERS:
             raise UsageError(f"unknown --optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
-        if self.timeout is not None and not self.timeout > 0:
-            raise UsageError(f"--timeout {self.timeout}: give a number of seconds more than 0")
+        if self.timeout is not None:
+            check_timeout(self.timeout)
         return self
+
+
+def max_nproc() -> int:
+    """The most ranks `--nproc` starts on this machine: 4 per CPU core, at least 8, at most 1024
+    (every rank is a process that imports torch: hundreds of MB each)."""
+    return min(1024, max(8, 4 * (os.cpu_count() or 1)))
+
+
+def check_steps(steps: int) -> int:
+    """`--steps`: 1 to MAX_STEPS (UsageError otherwise)."""
+    if not 1 <= steps <= MAX_STEPS:
+        raise UsageError(
+            f"--steps {steps}: give 1 to {MAX_STEPS:,} (each step's events stay in memory; "
+            "hook order settles within a few steps)"
+        )
+    return steps
+
+
+def check_timeout(seconds: float) -> float:
+    """`--timeout`: a finite number of seconds, more than 0 and at most MAX_TIMEOUT (a week)."""
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
+        raise UsageError(
+            f"--timeout {seconds:g}: give a number of seconds more than 0 and at most {MAX_TIMEOUT:.0f} (a week)"
+        )
+    return seconds
+
+
+def check_nproc(nproc: int) -> int:
+    """`--nproc`: 1 to `max_nproc()` ranks (UsageError otherwise)."""
+    limit = max_nproc()
+    if not 1 <= nproc <= limit:
+        raise UsageError(
+            f"--nproc {nproc}: give 1 to {limit} (4 ranks per CPU core of this machine, at least 8, "
+            "at most 1024: every rank is a process that imports torch)"
+        )
+    return nproc
 
 
 def cli_option(name: str, default: Any = None, **typer_args: Any) -> Any:
@@ -144,6 +187,10 @@ def parse_shape(text: str) -> tuple[int, ...]:
         shape = ()
     if not shape or any(s <= 0 for s in shape):
         raise UsageError(f"bad --input {text!r}: give positive sizes joined by 'x', e.g. --input 8x3x32x32")
+    if max(shape) > _MAX_SIZE:
+        raise UsageError(
+            f"bad --input {text!r}: a size past {_MAX_SIZE:,} (torch's sizes are 64-bit); give a smaller shape"
+        )
     return shape
 
 

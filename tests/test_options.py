@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import typer.main
 
 from hooktrace.cli import app
 from hooktrace.options import FLAGS, RunOptions, UsageError, module_path, view_options
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
 EVERYTHING = RunOptions(
     input_shapes=("8x3", "2"),
@@ -81,3 +84,53 @@ def test_module_path_takes_the_root_label_and_names_close_paths() -> None:
         "phase": "optimizer",
         "all_surprises": True,
     }
+
+
+# -- numbers past their bounds: exit 2, one `error:` line naming the range, before anything runs ---------
+
+BAD_NUMBERS = [
+    (["--nproc", str(2**40)], "--nproc 1099511627776: give 1 to"),
+    (["--nproc", "100000"], "--nproc 100000: give 1 to"),
+    (["--nproc", "1025"], "--nproc 1025: give 1 to"),
+    (["--steps", "99999999999999999999"], "--steps 99999999999999999999: give 1 to 10,000"),
+    (["--steps", "10001"], "--steps 10001: give 1 to 10,000"),
+    (
+        ["--nproc", "1", "--timeout", "inf"],
+        "--timeout inf: give a number of seconds more than 0 and at most 604800",
+    ),
+    (["--nproc", "1", "--timeout", "1e308"], "--timeout 1e+308: give"),
+    (["--nproc", "1", "--timeout", "nan"], "--timeout nan: give"),
+    (["--nproc", "1", "--timeout", "-inf"], "--timeout -inf: give"),
+    (["--nproc", "1", "--timeout", "0"], "--timeout 0: give"),
+    (["--nproc", "1", "--timeout", "604801"], "--timeout 604801: give"),
+    (["--nproc", "2", "--rank", str(2**70)], "--rank 1180591620717411303424: give a rank from 0 to 1"),
+    (["--input", "99999999999999999999x4"], "bad --input '99999999999999999999x4': a size past"),
+]
+
+
+@pytest.mark.parametrize(("args", "words"), BAD_NUMBERS, ids=[" ".join(a) for a, _ in BAD_NUMBERS])
+def test_numbers_past_their_bounds_are_refused_with_the_range(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hooktrace.cli import main
+
+    def never(*a: object, **k: object) -> None:
+        raise AssertionError("a bad number reached the run")
+
+    monkeypatch.setattr("hooktrace.ranks.launch._Watch.launch", never)
+    monkeypatch.setattr("hooktrace.runs.factory.run", never)
+    code = main(["run", str(SAMPLES / "quickstart.py"), *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    (line,) = err.splitlines()
+    assert line.startswith("error: ") and words in line, line
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    """The nearest cases: the largest allowed values pass the checks."""
+    from hooktrace.options import MAX_STEPS, MAX_TIMEOUT, check_nproc, max_nproc
+
+    assert RunOptions(steps=MAX_STEPS, timeout=MAX_TIMEOUT, input_shapes=(f"{2**63 - 1}x1",)).check()
+    assert check_nproc(max_nproc()) == max_nproc() and 8 <= max_nproc() <= 1024
+    with pytest.raises(UsageError):
+        check_nproc(max_nproc() + 1)

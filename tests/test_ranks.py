@@ -296,14 +296,13 @@ def test_a_factory_name_that_does_not_exist_is_a_usage_error_and_keeps_earlier_t
     }
 
 
-def test_timeout_zero_is_refused_when_the_command_line_is_parsed(tmp_path: Path) -> None:
+def test_timeout_zero_is_refused_before_anything_runs(tmp_path: Path) -> None:
     for value in ("0", "-1"):
         proc = _hooktrace("run", "missing.py", "--nproc", "2", "--timeout", value, env=dict(os.environ))
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 2
         assert stderr.splitlines() == [
-            f"error: Invalid value for '--timeout': {value} is not a positive number of seconds; "
-            "see hooktrace run --help"
+            f"error: --timeout {value}: give a number of seconds more than 0 and at most 604800 (a week)"
         ]
 
 

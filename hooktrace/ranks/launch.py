@@ -35,7 +35,7 @@ import uuid
 from typing import Any, Iterator, Mapping, Optional
 
 from ..analysis.ranks import compare_ranks
-from ..options import UsageError
+from ..options import UsageError, check_nproc, check_timeout
 from ..schema import TraceFormatError, load
 from ..target import split_spec
 from .result import (
@@ -130,12 +130,10 @@ def run_ranks(
     Raises UsageError for bad arguments; every rank's failure is reported in the result instead.
     SIGINT / SIGTERM / SIGHUP / SIGQUIT stop every rank and are reported in `RanksResult.interrupted`.
     """
-    if nproc < 1:
-        raise UsageError(f"--nproc {nproc}: give at least 1")
+    check_nproc(nproc)
     if not 0 <= show_rank < nproc:
         raise UsageError(f"--rank {show_rank}: give a rank from 0 to {nproc - 1} (--nproc {nproc})")
-    if not timeout > 0:
-        raise UsageError(f"--timeout {timeout:g}: give a positive number of seconds")
+    check_timeout(timeout)
     _check_target(target)
     if out is not None:
         folder = os.path.dirname(os.path.abspath(out))
