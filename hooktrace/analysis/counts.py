@@ -23,12 +23,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from ..ids import family  # handle ids, synthetic ids, copies' ids: order only within a family
 from ..schema import Event, Trace
 from .identity import identity
 
 __all__ = ["Counts", "count", "plural"]
-
-_FAMILY = 10**12  # synthetic ids are 10**15 + n, deep copies' 10**12 * n + id: order only within a family
 
 
 def plural(n: int, one: str, many: Optional[str] = None) -> str:
@@ -101,12 +100,12 @@ def _place_unfired(unfired: set[int], fired: dict[int, set[int]], first_step: in
     before it (same id family), else the first step."""
     by_family: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for hook_id, steps in fired.items():
-        by_family[hook_id // _FAMILY].append((hook_id, min(steps)))
+        by_family[family(hook_id)].append((hook_id, min(steps)))
     for rows in by_family.values():
         rows.sort()
     placed = {}
     for hook_id in unfired:
-        rows = by_family.get(hook_id // _FAMILY, [])
+        rows = by_family.get(family(hook_id), [])
         i = bisect.bisect_left(rows, (hook_id,))
         placed[hook_id] = {rows[i - 1][1] if i else first_step}
     return placed

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..ids import copy_of
 from ..kinds import GLOBAL, KINDS, MODULE, TENSOR
 from ..schema import Hook, Trace
 
@@ -67,8 +68,9 @@ def _numbered(path: str) -> str:
 
 
 def _same_hook(h: Hook) -> tuple:
+    copied = copy_of(h.id)  # a deep copy's hook is its own, never "the same" as another module's
     return (h.name, h.kind, h.scope, h.prepend, h.prepend_source, h.with_kwargs, h.always_call,
-            h.defined_at, h.registered_at, h.registered_by)  # fmt: skip
+            h.defined_at, h.registered_at, h.registered_by, h.id if copied is not None else None)  # fmt: skip
 
 
 def group_modules(rows: list[InventoryRow], collapse: bool = True) -> list[ModuleHooks]:

@@ -13,17 +13,17 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .. import ids
+from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
 from . import dicts, shims, sites
 from .build import Record
 from .tensors import weak
 
 # Hook ids are PyTorch's handle ids, unique in the process. A dict copied with its module
-# (`copy.deepcopy`) holds the same ids: its hooks get COPY_BASE * n + id, n = 1, 2, ... per copy.
-COPY_BASE = 10**12
-# Hooks that have no RemovableHandle (saved-tensor pack/unpack per context object, forward wrappers
-# per (module, callable), DDP communication hooks per registration) get SYNTHETIC_BASE + n, n = 0, 1,
-# ... per capture: above every handle id and every copy id (up to 999 copies of one dict).
-SYNTHETIC_BASE = 10**15
+# (`copy.deepcopy`) holds the same ids: its hooks get ids.copy_id(n, id), n = 1, 2, ... per copied
+# hook. Hooks that have no RemovableHandle (saved-tensor pack/unpack per context object, forward
+# wrappers per (module, callable), DDP communication hooks per registration) get ids.synthetic_ids()
+# from SYNTHETIC_BASE. The two never collide with each other or with handle ids (hooktrace/ids.py).
 _STATE_KINDS = frozenset(kind for _, kind in dicts.STATE_DICTS)
 _OPTIMIZER_KINDS = frozenset(kind for _, kind in dicts.OPTIMIZER_DICTS)
 
@@ -68,7 +68,7 @@ class HookBook:
         self._last_views: dict[tuple[int, int], tuple[list, dict]] = {}  # -> ([*keys, *ids of hooks], view)
         self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner's Who, scope)
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
-        self._synthetic = itertools.count(SYNTHETIC_BASE)
+        self._synthetic = ids.synthetic_ids()
         # (module's key, id(forward)) -> (forward, shim)
         self._wrappers: dict[tuple[int, int], tuple[Any, Any]] = {}
         # id(saved_tensors_hooks object) -> (weakref or object, pack shim, unpack shim)
@@ -80,7 +80,7 @@ class HookBook:
         tid = self._ids.get(key)
         if tid is None:
             first = self._first_dict.setdefault(hid, id(d))
-            tid = self._ids[key] = hid if first == id(d) else COPY_BASE * next(self._copies) + hid
+            tid = self._ids[key] = hid if first == id(d) else ids.copy_id(next(self._copies), hid)
         return tid
 
     def record(self, d: dict, hid: int, fn: Any, kind: str, owner: Any, scope: str) -> Record:

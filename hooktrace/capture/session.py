@@ -62,6 +62,7 @@ class TraceSession:
         self._lock = threading.Lock()  # registration callbacks on other threads vs. the end of the block
         self._active = False
         self._start_ns = 0
+        self._held: set[int] = set()  # trace ids of the hooks the dicts held when the block ended
 
     # -- public API ----------------------------------------------------------------------
     def __enter__(self) -> TraceSession:
@@ -128,6 +129,12 @@ class TraceSession:
             self._pending = None
         return self._trace
 
+    @property
+    def held_ids(self) -> set[int]:
+        """Trace ids of the hooks the model's and the global dicts held when the block ended (copies'
+        hooks under their own ids), for listing what stays registered."""
+        return set(self._held)
+
     def to_dict(self) -> dict[str, Any]:
         return self.trace.to_dict()
 
@@ -191,6 +198,8 @@ class TraceSession:
                             self._book.unwrap(d)
                 if _ACTIVE is self:
                     _ACTIVE = None
+            if final is not None:
+                self._held = set(final.order)
             try:
                 self._pending = self._snapshot(final)
             finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.inventory import ModuleHooks
+from ..ids import copy_of
 from ..kinds import GLOBAL
 from ..schema import ROOT, Hook, Trace
 from .badges import site
@@ -30,11 +31,15 @@ def inventory_text(trace: Trace, groups: list[ModuleHooks], live: set[int]) -> A
     from rich.text import Text
 
     types = {m.path: m.type for m in trace.modules}
+    by_id = {h.id: h for h in trace.hooks}
     text = Text()
     text.append(f"Hooks of {_s(trace.meta.target)}, in the order PyTorch will fire them (nothing was run)\n")
-    if not groups:
+    held = [h for h in trace.hooks if h.scope == GLOBAL and h.id in live]
+    if not groups and not held:
         text.append("\nno hooks registered\n")
         return text
+    if not groups:
+        text.append("\nno module or tensor hooks registered\n")
     for group in groups:
         text.append(f"\n{ROOT if group.module == '' else _s(group.module)}", style="bold")
         text.append(f"  {_s(types.get(group.module, ''))}\n", style="dim")
@@ -47,9 +52,7 @@ def inventory_text(trace: Trace, groups: list[ModuleHooks], live: set[int]) -> A
                 if shown:
                     text.append(f"  {shown}", style="yellow")
                 text.append(f"\n         defined    {site(hook.defined_at) or '?'}\n", style="dim")
-                text.append(
-                    f"         registered {site(hook.registered_at) or 'before capture'}", style="dim"
-                )
+                text.append(f"         registered {_registered(hook, by_id)}", style="dim")
                 if hook.registered_by and hook.registered_by != hook.registered_at:
                     text.append(f"  by {site(hook.registered_by)}", style="dim")
                 text.append("\n")
@@ -58,9 +61,42 @@ def inventory_text(trace: Trace, groups: list[ModuleHooks], live: set[int]) -> A
             text.append(
                 f"  ×{len(group.same)} more with the same hooks ({span}; --expand shows them)\n", "dim"
             )
-    n_global = sum(1 for h in trace.hooks if h.scope == GLOBAL and h.id in live)
-    if n_global:
-        text.append(
-            f"\nglobal hooks ({n_global}) fire first for every module, also those not listed\n", "dim"
-        )
+    for kinds, says in _GLOBAL_LINES:
+        n = sum(1 for h in held if h.kind in kinds)
+        if n:
+            text.append(f"\n{says.format(n=n)}\n", "dim")
     return text
+
+
+# What global hooks of each family do: only module-call hooks fire for every module.
+_GLOBAL_LINES = (
+    (
+        frozenset({"forward_pre", "forward", "backward_pre", "backward", "backward_legacy"}),
+        "global module hooks ({n}) fire first for every module, also those not listed",
+    ),
+    (
+        frozenset({"module_registration", "parameter_registration", "buffer_registration"}),
+        "global registration hooks ({n}) fire when any module registers a submodule, parameter or buffer",
+    ),
+    (
+        frozenset({"optimizer_step_pre", "optimizer_step_post"}),
+        "global optimizer hooks ({n}) fire around every optimizer's step()",
+    ),
+)
+
+
+def _registered(hook: Hook, by_id: dict[int, Hook]) -> str:
+    """Where the hook was registered; for a deep copy's hook, that it was copied, and from where."""
+    original = copy_of(hook.id)
+    if original is None:
+        return site(hook.registered_at) or "before capture"
+    source = by_id.get(original)
+    if source is None:
+        return "copied with its module (copy.deepcopy)"
+    module = "" if source.module is None else f" of {ROOT if source.module == '' else _s(source.module)}"
+    at = (
+        f" registered at {site(source.registered_at)}"
+        if source.registered_at
+        else " registered before capture"
+    )
+    return f"copied with its module (copy.deepcopy) from the hook{module}{at}"

@@ -10,7 +10,6 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..capture.dicts import live_hook_ids
 from ..capture.session import TraceSession
 from ..inputs import Prepared, coerce_result, compute_loss, prepare, resolve_device
 from ..options import RunOptions, UsageError
@@ -226,4 +225,4 @@ def inventory(factory: Factory) -> Inventory:
         target = coerce_result(_call_factory(factory), factory.label)
         t.attach(target.model)
         t.set_meta(target=factory.spec, steps=0)
-    return Inventory(t.trace, live_hook_ids(target.model))
+    return Inventory(t.trace, t.held_ids)  # trace ids: a deep copy's hooks have their own
