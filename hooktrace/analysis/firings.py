@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ..schema import Event, Hook, Trace
+from ..schema import ROOT, Event, Hook, Trace
 from .counts import plural  # noqa: F401  (re-exported for the surprise rules)
 
 
@@ -69,3 +69,21 @@ def hook_of(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
         return trace.hook(hook_id) if hook_id is not None else None
     except KeyError:
         return None
+
+
+def place(hook: Hook) -> str:
+    """What a hook is on, in words: its tensor, its module, or — for hooks that belong to no module —
+    what they fire for (never "a module outside the model" for a global, optimizer or saved-tensor hook)."""
+    if hook.tensor:
+        return hook.tensor
+    if hook.scope == "global":
+        return "every optimizer" if hook.kind.startswith("optimizer") else "every module (global)"
+    if hook.scope == "optimizer":
+        return "an optimizer"
+    if hook.scope == "saved_tensors":
+        return "saved tensors"
+    if hook.scope == "node":
+        return "an autograd node"
+    if hook.module is None:
+        return "a module outside the model"
+    return f"`{hook.module or ROOT}`"

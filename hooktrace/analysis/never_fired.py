@@ -25,7 +25,7 @@ from ..kinds import (
 )
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .calls import Call, calls
-from .firings import is_library_hook, plural
+from .firings import is_library_hook, place, plural
 
 CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 NOT_ASKED = "info"  # hooks of calls nobody made (state_dict(), registrations): not surprising
@@ -91,13 +91,14 @@ class _Facts:
         return None
 
 
-def never_fired(trace: Trace) -> list[Surprise]:
+def never_fired(trace: Trace, exclude: frozenset[int] | set[int] = frozenset()) -> list[Surprise]:
+    """`exclude`: hooks the capture saw taken out of their dict again (no surprise that they did not fire)."""
     facts = _Facts.of(trace)
     # hooks of a module that ran compiled (torch.compile) ran inside the graph: not one by one, but ran
     in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
     groups: dict[tuple[str, str], list[Hook]] = defaultdict(list)
     for hook in trace.hooks:
-        if hook.id in facts.fired or hook.id in in_graph:
+        if hook.id in facts.fired or hook.id in in_graph or hook.id in exclude:
             continue
         found = _reason(facts, hook)
         if found is None:
@@ -108,7 +109,7 @@ def never_fired(trace: Trace) -> list[Surprise]:
         groups[(reason, level)].append(hook)
     out = []
     for (reason, level), hooks in groups.items():
-        listed = _names([f"{_label(h)} ({h.kind} on {h.tensor or _where(h.module)})" for h in hooks])
+        listed = _names([f"{_label(h)} ({h.kind} on {place(h)})" for h in hooks])
         reason = reason.replace("{its}", "its" if len(hooks) == 1 else "their")
         out.append(
             Surprise(
@@ -123,6 +124,8 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
     kind = hook.kind
     if hook.removed_during_run:
         return "it was removed while the model ran", "warn"
+    if hook.scope == "saved_tensors" and (hook.defined_at or "").startswith("torch/"):
+        return None  # PyTorch's own pack/unpack (checkpoint's `_recomputation_hook` never unpacks by design)
     if kind == "comm" and hook.name.endswith("(built-in)"):
         return "a built-in (C++) comm hook runs inside DDP's reducer, where hooktrace cannot see it", "info"
     if kind in STATE_DICT_KINDS:

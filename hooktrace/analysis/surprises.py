@@ -16,7 +16,7 @@ from ..kinds import EXIT, FORWARD_KINDS, GLOBAL, HOOK, MODULE, NODE, SAVED_TENSO
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .calls import Call, in_order
 from .calls import calls as module_calls
-from .firings import firings, hook_of, level_of, plural
+from .firings import firings, hook_of, level_of, place, plural
 from .identity import identity
 from .never_fired import never_fired
 from .training import forward_wrapper, step_in_grad_hook
@@ -48,8 +48,8 @@ def label(hook: Hook) -> str:
 
 
 def on(hook: Hook) -> str:
-    """What a hook is on: its tensor, or its module."""
-    return hook.tensor or where(hook.module)
+    """What a hook is on: its tensor, its module, or what it fires for (firings.place)."""
+    return place(hook)
 
 
 def names(items: Iterable[str], most: int = 6) -> str:
@@ -137,7 +137,7 @@ def prepend_displaced(trace: Trace) -> list[Surprise]:
         out.append(
             Surprise(
                 "prepend-displaced",
-                f"{label(hook)} on {where(hook.module)} is flagged prepend but is not first among the module's "
+                f"{label(hook)} on {on(hook)} is flagged prepend but is not first among the module's "
                 f"{hook.kind} hooks: {names(label(h) for h in ahead)} ran before it; {'; '.join(why)}.",
                 [hid, *sorted(ahead_ids)],
                 sorted(set(seqs)),
@@ -172,7 +172,7 @@ def recompute(trace: Trace) -> list[Surprise]:
         )
         skipped = _did_not_rerun(trace, calls, stopped)
         if skipped:
-            message += f", so {names(f'{label(h)} (on {where(h.module)})' for h in skipped)} did not re-run"
+            message += f", so {names(f'{label(h)} (on {on(h)})' for h in skipped)} did not re-run"
         message += "."
         seqs += [c.exit for c in stopped if c.exit is not None]
     return [

@@ -9,6 +9,7 @@ from operator import itemgetter
 from typing import Any, Optional
 
 from .. import kinds
+from ..analysis.never_fired import never_fired
 from ..analysis.surprises import find_surprises
 from ..schema import ROOT, Event, Hook, Meta, Module, Surprise, Trace
 from . import shims
@@ -45,6 +46,7 @@ class Pending:
     n_module_calls: int
     step_starts: list[int]
     compiled: list[int] = dataclasses.field(default_factory=list)  # Recorder.compiled
+    deleted: set[int] = dataclasses.field(default_factory=set)  # hooks code took out of their dict
 
 
 def build_trace(pending: Pending) -> Trace:
@@ -53,7 +55,12 @@ def build_trace(pending: Pending) -> Trace:
     trace = Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)
     compiled = compiled_calls(trace, pending)
     trace.surprises = compiled  # the rules read it: hooks that ran inside a compiled graph did run
-    trace.surprises = find_surprises(trace) + compiled
+    found = find_surprises(trace)
+    if pending.deleted:  # a hook its own code took out again (remove_spectral_norm) is no never-fired
+        at = next((i for i, s in enumerate(found) if s.rule == "never-fired"), len(found))
+        rest = [s for s in found if s.rule != "never-fired"]
+        found = rest[:at] + never_fired(trace, exclude=pending.deleted) + rest[at:]
+    trace.surprises = found + compiled
     return trace
 
 

@@ -263,6 +263,18 @@ class HookBook:
                 if record is not None and record.removed:  # removed on another thread meanwhile
                     d.pop(hid, None)
 
+    def deleted(self) -> set[int]:
+        """Trace ids of hooks no longer in their dict, which is still alive, and never removed through
+        their handle: code deleted them from the dict itself."""
+        out = set()
+        for (dict_id, hid), tid in self._ids.items():
+            entry = self.seen_dicts.get(dict_id)
+            d = entry[0]() if entry is not None else None
+            record = self.records.get(tid)
+            if d is not None and hid not in d and record is not None and not record.removed:
+                out.add(tid)
+        return out
+
     def kind_and_owner(self, tid: int) -> tuple[Optional[str], Any]:
         record = self.records.get(tid)
         return (record.kind, record.owner) if record is not None else (None, None)

@@ -38,6 +38,9 @@ class _Final:
     params: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # id -> (path, name)
     order: list[int] = dataclasses.field(default_factory=list)  # trace hook ids in firing order
     seen: set[int] = dataclasses.field(default_factory=set)  # ids of the dicts settled
+    # trace ids of hooks taken out of a dict that is still alive without their handle's remove()
+    # (remove_spectral_norm and weight-norm removal delete their state-dict hooks from the dicts)
+    deleted: set[int] = dataclasses.field(default_factory=set)
 
 
 class TraceSession:
@@ -216,9 +219,10 @@ class TraceSession:
         final = _Final()
         model = self._model
         if isinstance(model, torch.nn.Module):
-            for path, module in model.named_modules():
+            for path, module in _named_modules(model):
                 final.paths[self._rec.key(module)] = path
-                final.modules.append(Module(path, type(module).__name__))
+                if module is not model or _compiled_inner(model) is None:
+                    final.modules.append(Module(path, type(module).__name__))
                 for pname, param in module.__dict__.get("_parameters", {}).items():
                     if param is not None and id(param) not in final.params:
                         final.params[id(param)] = (path, pname)
@@ -231,6 +235,7 @@ class TraceSession:
                 if scope in dicts.IN_PLACE_SCOPES:
                     self._book.unwrap(d)
                 self._book.infer_prepends(d)
+        final.deleted = self._book.deleted()
         return final
 
     def _settle(self, d: dict, kind: str, owner: Any, scope: str, final: _Final, tensor: Any = None) -> None:
@@ -348,7 +353,7 @@ class TraceSession:
         key = self._rec.key(module)
         path = self._paths.get(key)
         if path is None and isinstance(self._model, torch.nn.Module):
-            for p, m in self._model.named_modules():
+            for p, m in _named_modules(self._model):
                 self._paths[self._rec.key(m)] = p
             path = self._paths.get(key)
         return path
@@ -356,7 +361,7 @@ class TraceSession:
     def _inventory(self, model: Any) -> None:
         """Record every hook the model and the global dicts hold now, and make their shims."""
         if isinstance(model, torch.nn.Module):
-            for path, module in model.named_modules():
+            for path, module in _named_modules(model):
                 self._paths[self._rec.key(module)] = path
                 self._rec.module_key(module)  # known now, so the module's first call does not add it
         book = self._book
@@ -404,6 +409,7 @@ class TraceSession:
             n_module_calls=len(rec.calls),
             step_starts=rec.step_starts,
             compiled=rec.compiled,
+            deleted=final.deleted,
         )
 
     def _release(self) -> None:
@@ -419,3 +425,18 @@ class TraceSession:
         self._model = None
         self._interceptor = None
         self._views = None
+
+
+def _compiled_inner(model: Any) -> Any:
+    """`m` when `model` is `torch.compile(m)`'s wrapper (an OptimizedModule), else None."""
+    children = getattr(model, "__dict__", {}).get("_modules")
+    return children.get("_orig_mod") if children and "_orig_mod" in children else None
+
+
+def _named_modules(model: Any) -> list[tuple[str, Any]]:
+    """`model.named_modules()`; for `torch.compile(m)`'s wrapper, m's, with the wrapper named "" too:
+    the wrapper is named as m everywhere (its calls are m's), so its hooks' events and its hooks agree."""
+    inner = _compiled_inner(model)
+    if inner is None:
+        return list(model.named_modules())
+    return [("", model), *inner.named_modules()]

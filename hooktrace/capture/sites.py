@@ -144,11 +144,16 @@ def _wrapped_by_closure(fn: FunctionType) -> Optional[Any]:
         return None
     if fn.__qualname__ != getattr(fn.__code__, "co_qualname", fn.__qualname__):
         return None  # renamed on purpose: its own name is the one to show
+    # a function defined in the same scope as the closure is its helper (transformers'
+    # `output_capturing_hook` and its `append_hidden_state`), not a function it was given to wrap
+    scope = fn.__qualname__.rpartition(".")[0]
     found: list[Any] = []
     for cell in cells:
         try:
             value = cell.cell_contents
         except ValueError:  # an empty cell
+            continue
+        if scope and isinstance(value, FunctionType) and value.__qualname__.rpartition(".")[0] == scope:
             continue
         if value is not fn and _is_wrapped_candidate(value) and not any(value is f for f in found):
             found.append(value)
@@ -297,6 +302,8 @@ def _frame_class_in(filename: str, cwd: str) -> int:
     if path.startswith(_PLUMBING):
         return PLUMBING
     if path.startswith(_TORCH_DIR) or os.path.basename(path) in _WRAPPER_FILES:
+        return LIBRARY
+    if path.startswith(_SITE_DIRS):  # an installed package (transformers, TorchLens): a library too
         return LIBRARY
     return USER
 
