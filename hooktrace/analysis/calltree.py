@@ -8,8 +8,10 @@ DOT/SVG and notebook renderers all draw this one structure, so they cannot disag
 - Backward has no module calls, so a run of one module's hooks is a `group`, nested under an
   ancestor's group while that one is open. A module's `backward` hook closes its group: when the
   module was called twice, its second `backward_pre` (or `backward`) opens a second group.
-- Hooks that belong to no module (optimizer hooks, tensor hooks on plain tensors) go into what is
-  open on their thread, else straight into their phase.
+- Hooks that belong to no module (optimizer hooks, tensor hooks on plain tensors, node hooks whose
+  node is not known) go into what is open on their thread, else straight into their phase; never
+  into a backward group whose module's `backward` hook already fired (that module's backward is
+  over: the hook ran after it, for something else).
 - Every container gets a signature: equal when two containers ran the same hooks in the same
   order, whatever their numbered path (`layers.0` / `layers.1`), so renderers collapse runs of
   identical siblings (`runs`). Calls where no hook fired are pruned unless `show_empty`.
@@ -186,7 +188,10 @@ class _PhaseBuilder:
 
     def hook(self, e: Event, module: Optional[str]) -> None:
         stack = self.stacks.setdefault(e.thread, [])
-        if module is None:  # belongs to no module: into what is open
+        if module is None:  # belongs to no module: into what is open on its thread, but never into a
+            # backward group that its module's `backward` hook already ended (it is another's node)
+            while stack and stack[-1].kind == "group" and stack[-1].closing:
+                stack.pop()
             (stack[-1] if stack else self.root).children.append(e)
             return
         self._close_groups(stack, module)
