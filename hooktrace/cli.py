@@ -287,9 +287,12 @@ def _run_ranks(
     )
     if ranks.usage_error is not None:
         raise UsageError(ranks.usage_error)
-    if ranks.shown is not None:
+    if ranks.shown is not None and not quiet:
         _output(ranks.shown, fmt, None, view)
-    if fmt in (None, "tree"):
+    if quiet:  # -q: the ranks' summary only when they failed or diverged
+        if ranks.exit_code != EXIT_OK:
+            _stderr(ranks.summary())
+    elif fmt in (None, "tree"):
         print(_safe(ranks.summary()))
     else:  # keep stdout one document (`-f json | jq`)
         _stderr(ranks.summary())

@@ -380,3 +380,16 @@ def test_sample_order_snapshots_are_stable(
     first, second = _run_order(sample, tmp_path, 1), _run_order(sample, tmp_path, 2)
     assert first == second
     golden(f"order/{sample}.txt", first)
+
+
+@pytest.mark.slow  # two ranks through torch's launcher: about 30 s on this VM
+def test_check_quiet_with_ranks(tmp_path: Path) -> None:
+    sample = str(SAMPLES / "fsdp_two_ranks.py")
+    code, out, err = invoke("run", sample, "--nproc", "2", "-f", "order")
+    assert code == 0, err
+    golden = tmp_path / "golden.txt"
+    golden.write_text(out, encoding="utf-8")
+    assert invoke("run", sample, "--nproc", "2", "--check", str(golden), "-q") == (0, "", "")
+    golden.write_text(out.replace("FSDPState._post_forward\n", "FSDPState._post_forward [prepend]\n"))
+    code, out, err = invoke("run", sample, "--nproc", "2", "--check", str(golden), "-q")
+    assert code == 1 and out == "" and err.startswith("hook order differs: 3 differences")
