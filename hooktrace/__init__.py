@@ -17,7 +17,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 from .inputs import Inputs, Target
-from .schema import Trace, TraceFormatError, load
+from .schema import Trace, TraceFormatError
+from .validate import load
 
 if TYPE_CHECKING:
     from .analysis.diff import TraceDiff
@@ -43,9 +44,10 @@ def trace(model: Optional[Any] = None, *, target: Optional[str] = None) -> Trace
     `model` names module paths and has its pre-existing hooks inventoried. It may be None and
     given later with `session.attach(model)` (the CLI calls the factory inside the capture).
     """
+    from .analysis.surprises import find_surprises
     from .capture import TraceSession
 
-    return TraceSession(model, target=target)
+    return TraceSession(model, target=target, analyse=find_surprises)
 
 
 def diff(a: Any, b: Any) -> TraceDiff:

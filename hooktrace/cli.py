@@ -206,7 +206,8 @@ def _os_error(exc: OSError, path: Path) -> str:
 
 
 def _load_trace(path: Path) -> Trace:
-    from .schema import TraceFormatError, load
+    from .schema import TraceFormatError
+    from .validate import load
 
     if not path.exists():
         raise UsageError(f"trace file not found: {path}; write one with hooktrace run TARGET -o {path.name}")

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 import hooktrace
 from hooktrace.cli import app
 from hooktrace.schema import Event, Hook, Meta, Module, Trace
+from hooktrace.validate import from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -115,7 +116,7 @@ RAISING_HOOK = """
 def test_run_json_to_stdout_matches_what_the_hooks_recorded() -> None:
     code, out, _ = invoke("run", str(SAMPLES / "quickstart.py"), "--format", "json")
     assert code == 0
-    trace = Trace.from_dict(json.loads(out))
+    trace = from_dict(json.loads(out))
     names = [trace.hook(e.hook).name for e in trace.hook_events()]
     calls = sys.modules["quickstart"].CALLS
     assert [n.split(":")[0] for n in calls] == names
@@ -307,7 +308,7 @@ def test_diff_and_check(tmp_path: Path) -> None:
     assert invoke("run", str(SAMPLES / "quickstart.py"), "--check", str(a), "-o", str(b))[0] == 0
     code, out, err = invoke("run", str(SAMPLES / "prepend_displaced.py"), "--check", str(a), "-f", "json")
     assert code == 1 and err.strip()
-    assert Trace.from_dict(json.loads(out)).meta.target.endswith(
+    assert from_dict(json.loads(out)).meta.target.endswith(
         "prepend_displaced.py:make"
     )  # stdout: one document
     code, _, _ = invoke("run", str(SAMPLES / "prepend_displaced.py"), "--check", str(a), "-o", str(c))

@@ -23,7 +23,7 @@ from hooktrace.ranks import (
     RanksResult,
     run_ranks,
 )
-from hooktrace.schema import load
+from hooktrace.validate import load
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from hooktrace.render.chrome import chrome_events, chrome_json, chrome_trace
-from hooktrace.schema import load
+from hooktrace.validate import load
 from tests.test_renderers_all import SAMPLES, Builder, recompute_two_steps, two_layer, with_errors
 
 GOLDEN = {"two_layer": two_layer, "with_errors": with_errors, "recompute_two_steps": recompute_two_steps}

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from hooktrace.render.tree import tree_text
-from hooktrace.schema import Surprise, Trace, load
+from hooktrace.schema import Surprise, Trace
+from hooktrace.validate import load
 from tests.test_render_tree import TraceBuilder, encoder, lines_with, plain, two_layer
 
 # -- steps ---------------------------------------------------------------------------------------

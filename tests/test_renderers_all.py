@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional
 import pytest
 
 from hooktrace.render import RENDERERS, RenderError, format_for_path, render, renderer
-from hooktrace.schema import Event, Hook, Meta, Module, Surprise, Trace, load
+from hooktrace.schema import Event, Hook, Meta, Module, Surprise, Trace
+from hooktrace.validate import from_dict, load
 
 HAS_DOT = shutil.which("dot") is not None
 
@@ -357,7 +358,7 @@ def test_json_renderer_is_the_trace_format(tmp_path: Path) -> None:
     trace = two_layer()
     text = render(trace, "json")
     assert isinstance(text, str)
-    assert Trace.from_dict(json.loads(text)).to_dict() == trace.to_dict()
+    assert from_dict(json.loads(text)).to_dict() == trace.to_dict()
     trace.save(tmp_path / "t.json")
     assert (tmp_path / "t.json").read_text(encoding="utf-8") == text
 

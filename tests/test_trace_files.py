@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hooktrace.schema import TraceFormatError, load
+from hooktrace.schema import TraceFormatError
+from hooktrace.validate import load
 from tests.trace_samples import realistic, sample
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
@@ -57,7 +58,8 @@ def test_a_gzip_bomb_is_refused_within_a_memory_limit(tmp_path):
         f"""
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (600 << 20, 600 << 20))
-        from hooktrace.schema import TraceFormatError, load
+        from hooktrace.schema import TraceFormatError
+        from hooktrace.validate import load
         try:
             load({str(bomb)!r})
         except TraceFormatError as exc:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hooktrace.schema import Event, Trace, TraceFormatError, load
+from hooktrace.schema import Event, Trace, TraceFormatError
+from hooktrace.validate import load
 from tests.trace_samples import realistic, sample, v1_dict, write
 
 DATA = Path(__file__).parent / "data"

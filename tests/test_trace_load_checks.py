@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from hooktrace.io import all_bools, all_ints, has_types, null_among, selector, to_columns
-from hooktrace.schema import Trace, TraceFormatError, load
+from hooktrace.schema import Trace, TraceFormatError
+from hooktrace.validate import from_dict, load
 from tests.trace_samples import realistic, sample, v1_dict, write
 
 # JSON texts of single values, each parsed by orjson as `load` parses files.
@@ -73,11 +74,11 @@ def test_python_values_that_json_never_holds_take_the_per_value_check():
     data = sample().to_dict()
     data["events"]["columns"]["hook"][0] = math.nan
     with pytest.raises(TraceFormatError, match="hook"):
-        Trace.from_dict(data)
+        from_dict(data)
     data = sample().to_dict()
     data["events"]["columns"]["start_ns"][2] = Small.ONE
     with pytest.raises(TraceFormatError, match="start_ns"):
-        Trace.from_dict(data)
+        from_dict(data)
 
 
 def test_selector_marks_where_a_column_holds_a_value():

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Callable, Optional
 
-from ..schema import ROOT, Event, Trace, gc_paused, is_internal_error
+from ..io import gc_paused
+from ..schema import ROOT, Event, Trace, is_internal_error
 from .align import align
 from .counts import plural
 from .identity import HookKey, hook_keys

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from itertools import islice
-from typing import Callable, Iterable, Optional
+from typing import Callable, Collection, Iterable, Optional
 
 from ..kinds import EXIT, FORWARD_KINDS, GLOBAL, HOOK, MODULE, NODE, SAVED_TENSORS, TENSOR, TENSOR_KINDS
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
@@ -437,11 +437,14 @@ RULES: dict[str, Callable[[Trace], list[Surprise]]] = {
 }
 
 
-def find_surprises(trace: Trace) -> list[Surprise]:
-    """Every rule over the trace, in the order of SPEC §4's table."""
+def find_surprises(trace: Trace, deleted: Collection[int] = frozenset()) -> list[Surprise]:
+    """Every rule over the trace, in the order of SPEC §4's table. `deleted`: ids of hooks their own
+    code took out of their dict again (remove_spectral_norm): they are no never-fired."""
     found: list[Surprise] = []
-    for rule in RULES.values():
-        found.extend(rule(trace))
+    for name, rule in RULES.items():
+        found.extend(
+            never_fired(trace, exclude=set(deleted)) if name == "never-fired" and deleted else rule(trace)
+        )
     return found
 
 

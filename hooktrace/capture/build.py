@@ -9,8 +9,6 @@ from operator import itemgetter
 from typing import Any, Optional
 
 from .. import kinds
-from ..analysis.never_fired import never_fired
-from ..analysis.surprises import find_surprises
 from ..schema import ROOT, Event, Hook, Meta, Module, Surprise, Trace
 from . import shims
 
@@ -50,17 +48,12 @@ class Pending:
 
 
 def build_trace(pending: Pending) -> Trace:
+    """The trace of what the capture saw. Its surprises are the capture's own facts (`compiled`:
+    hooks that ran inside a compiled graph); the analysis' rules are added by whoever runs it."""
     hooks = [to_hook(r) for r in pending.records]
     events = build_events(pending, {h.id: h for h in hooks})
     trace = Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)
-    compiled = compiled_calls(trace, pending)
-    trace.surprises = compiled  # the rules read it: hooks that ran inside a compiled graph did run
-    found = find_surprises(trace)
-    if pending.deleted:  # a hook its own code took out again (remove_spectral_norm) is no never-fired
-        at = next((i for i, s in enumerate(found) if s.rule == "never-fired"), len(found))
-        rest = [s for s in found if s.rule != "never-fired"]
-        found = rest[:at] + never_fired(trace, exclude=pending.deleted) + rest[at:]
-    trace.surprises = found + compiled
+    trace.surprises = compiled_calls(trace, pending)
     return trace
 
 

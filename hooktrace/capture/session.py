@@ -15,12 +15,13 @@ import threading
 import time
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from ..schema import Meta, Module, Trace, gc_paused
+from ..io import gc_paused
+from ..schema import Meta, Module, Surprise, Trace
 from . import autograd, build, comm, dicts, dynamo, optim, registry, shims, sites, views
 from .records import HookBook, Site
 from .tensors import TensorNamer, hook_place, weak
@@ -46,8 +47,18 @@ class _Final:
 class TraceSession:
     """Context manager returned by `hooktrace.trace()`. After the block: `.trace`, `to_dict()`, `save()`."""
 
-    def __init__(self, model: Any = None, *, target: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        target: Optional[str] = None,
+        analyse: Optional[Callable[..., list[Surprise]]] = None,
+    ) -> None:
+        """`analyse(trace, deleted=ids)`: surprises to add to the capture's own when the trace is built
+        (ids: hooks their own code took out of their dict; the API and the drivers pass
+        `analysis.surprises.find_surprises`: the capture analyses nothing)."""
         self._model = model
+        self._analyse = analyse
         self._meta = Meta(target=target)
         self._meta_overrides: dict[str, Any] = {}
         self._trace: Optional[Trace] = None
@@ -128,7 +139,10 @@ class TraceSession:
             for key, value in self._meta_overrides.items():
                 setattr(pending.meta, key, value)
             with gc_paused():
-                self._trace = build.build_trace(pending)
+                trace = build.build_trace(pending)
+                if self._analyse is not None:
+                    trace.surprises = self._analyse(trace, deleted=pending.deleted) + trace.surprises
+            self._trace = trace
             self._pending = None
         return self._trace
 

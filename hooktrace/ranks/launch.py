@@ -36,8 +36,9 @@ from typing import Any, Iterator, Mapping, Optional
 
 from ..analysis.ranks import compare_ranks
 from ..options import UsageError, check_nproc, check_timeout
-from ..schema import TraceFormatError, load
+from ..schema import TraceFormatError
 from ..target import split_spec
+from ..validate import load
 from .result import (
     DEFAULT_TIMEOUT,
     DIED,

@@ -24,7 +24,9 @@ from rich.tree import Tree
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
-from ..schema import PHASES, ROOT, Event, Trace, gc_paused, is_internal_error
+from ..io import gc_paused
+from ..kinds import PHASES
+from ..schema import ROOT, Event, Trace, is_internal_error
 from .badges import (
     PHASE_TITLES,
     WARM_UP,

@@ -10,6 +10,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ..analysis.surprises import find_surprises
 from ..capture.session import TraceSession
 from ..inputs import Prepared, coerce_result, compute_loss, prepare, resolve_device
 from ..options import RunOptions, UsageError
@@ -82,7 +83,7 @@ def run(
     stopped: Optional[int] = None
     progress = _Progress()
     with factory.on_sys_path(), StopSignals(stop_signals) as signals:
-        with TraceSession(target=factory.spec) as t:
+        with TraceSession(target=factory.spec, analyse=find_surprises) as t:
             signals.armed = True
             try:
                 target = coerce_result(_call_factory(factory), factory.label)
@@ -221,7 +222,7 @@ class Inventory:
 
 def inventory(factory: Factory) -> Inventory:
     """Call the factory inside a capture, without running the model; the trace holds every hook."""
-    with TraceSession(target=factory.spec) as t:
+    with TraceSession(target=factory.spec, analyse=find_surprises) as t:
         target = coerce_result(_call_factory(factory), factory.label)
         t.attach(target.model)
         t.set_meta(target=factory.spec, steps=0)
