@@ -67,13 +67,13 @@ def assert_order(observed: Any, expected: Any) -> None:
     check(observed, expected)
 
 
-def tree_text(trace: Any, **options: Any) -> str:
-    """The tree of a `Trace`, or of the `with hooktrace.trace(...) as t` session, as plain text:
-    `print(hooktrace.tree_text(t))`. Options as `hooktrace render`: width, color, depth, module,
-    phase, expand, times, all_surprises."""
-    from .render.tree import tree_text as text
+def __getattr__(name: str) -> Any:
+    """`hooktrace.tree_text` is `render.tree.tree_text`, imported (with rich) on first use."""
+    if name == "tree_text":
+        from .render.tree import tree_text
 
-    return text(getattr(trace, "trace", trace), **options)
+        return tree_text
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register_notebook_display() -> None:

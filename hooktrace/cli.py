@@ -27,6 +27,7 @@ from .options import (
     module_path,
     view_options,
 )
+from .render import RENDERERS
 
 if TYPE_CHECKING:
     from .compare import Side
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 PIPE_WIDTH = 120
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
-FORMATS = ("tree", "json", "dot", "svg", "chrome", "order")
+FORMATS = tuple(RENDERERS)  # the renderer registry's names
 
 
 def _show_version(value: bool) -> None:
@@ -141,7 +142,7 @@ def _output(
     from . import render as r
 
     if "module" in view:
-        view = dict(view, module=module_path([m.path for m in trace.modules], view["module"]))
+        view = dict(view, module=module_path(trace.module_paths(), view["module"]))
     try:
         chosen = r.format_for_path(str(output) if output else None, fmt)
         takes = r.renderer(chosen).options

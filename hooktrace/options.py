@@ -16,11 +16,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .kinds import PHASES, ROOT
+
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32"}
 OPTIMIZERS = ("sgd", "adam", "adamw")
-PHASE_CHOICES = ("forward", "backward", "recompute", "optimizer", "other")
-ROOT_LABEL = "<root>"  # how the tree shows the root module; `--module "<root>"` selects it
+PHASE_CHOICES = PHASES
+ROOT_LABEL = ROOT  # how the tree shows the root module; `--module "<root>"` selects it
 VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
               "all_surprises": "--all-surprises"}  # fmt: skip
 _DEVICE = re.compile(r"(cpu|auto|cuda(:\d+)?)")
@@ -161,10 +163,12 @@ def view_options(
 
 
 def module_path(paths: list[str], module: str) -> str:
-    """`--module` -> one of the trace's module `paths` (`<root>` is ""); UsageError naming close ones."""
+    """`--module` -> a module path of the trace (`Trace.module_paths()`): the root label is "", a
+    path or the parent of one is itself; UsageError naming close ones. The one rule of `run`,
+    `render` and the tree renderer."""
     if module in (ROOT_LABEL, "(root)"):
         return ""
-    if module in paths:
+    if module in paths or any(p.startswith(module + ".") for p in paths):
         return module
     close = [p for p in paths if p.endswith("." + module)]
     close += [p for p in difflib.get_close_matches(module, paths, n=3) if p not in close]
@@ -172,7 +176,7 @@ def module_path(paths: list[str], module: str) -> str:
     if not hint:
         shown = ", ".join(repr(p or ROOT_LABEL) for p in paths[:6]) + (", ..." if len(paths) > 6 else "")
         hint = f"module paths are {shown}" if paths else "the trace has no modules"
-    raise UsageError(f"no module {module!r} in the trace; {hint} (give --module PATH or {ROOT_LABEL!r})")
+    raise UsageError(f"no module {module!r} in this trace; {hint} (give --module PATH or {ROOT_LABEL!r})")
 
 
 # -- values ---------------------------------------------------------------------------------------

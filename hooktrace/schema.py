@@ -15,9 +15,9 @@ from typing import IO, Any, Iterable, Iterator, NamedTuple, Optional
 
 from .io import TraceFormatError, columns_json, dumps, gc_paused, to_columns, write_json
 from .kinds import HOOK
+from .kinds import ROOT as ROOT  # re-exported: the data model names the root so
 
 FORMAT = "hooktrace.trace"
-ROOT = "<root>"  # how the root module (path "") is shown, and named in `tensor` ("output of <root>")
 VERSION = 2  # what `save` and `to_dict` write
 READS = (1, 2)  # the versions `load` and `from_dict` read
 # Version 2 event columns that hold indices into a table: the SPEC's four, and `thread` (see README).
@@ -156,6 +156,10 @@ class Trace:
         if self._hooks_by_id is None or len(self._hooks_by_id) != len(self.hooks):
             self._hooks_by_id = {h.id: h for h in self.hooks}
         return self._hooks_by_id[hook_id]
+
+    def module_paths(self) -> list[str]:
+        """The module paths of the module table; of the events when the table is empty."""
+        return [m.path for m in self.modules] or sorted({e.module for e in self.events} - {None})  # type: ignore[arg-type]
 
     def hook_events(self) -> Iterator[Event]:
         return (e for e in self.events if e.type == HOOK)

@@ -17,9 +17,9 @@ PACKAGE = ROOT / "hooktrace"
 # Bottom to top. A module may import from its own room (package or file) and from lower floors only;
 # rooms on one floor know nothing of each other (the capture imports no analysis, and the reverse).
 FLOORS: list[tuple[str, ...]] = [
-    ("kinds", "io", "options"),  # the table of kinds, bytes, run options: no hooktrace imports
-    ("schema", "target", "inputs"),  # the data model; the factory and its inputs
-    ("validate",),  # load-time checks: a document becomes a Trace
+    ("kinds", "io"),  # the table of kinds and names; bytes: no hooktrace imports
+    ("schema", "options"),  # the data model; run and view options declared once
+    ("validate", "target", "inputs"),  # load-time checks: a document becomes a Trace; the factory, its inputs
     ("analysis", "capture"),  # pure functions of a Trace | the only code that touches torch's hooks
     ("render", "runs"),  # renderers | drivers over one capture
     ("ranks",),  # one run per rank

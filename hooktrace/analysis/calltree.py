@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Iterator, Optional, Union
 
-from ..kinds import ENTER, EXIT
+from ..kinds import BACKWARD_CALL_KINDS, CLOSING_KINDS, ENTER, EXIT, HOOK, SAVED_TENSORS_KINDS
 from ..schema import Event, Hook, Trace
 from .calls import Call, in_order, pair
 
@@ -42,9 +42,7 @@ __all__ = [
     "runs",
 ]
 
-SAVED_KINDS = ("pack", "unpack")
-_CLOSING = ("backward", "backward_legacy")  # the last hook PyTorch runs for one module call in backward
-_REOPENING = ("backward_pre", "backward", "backward_legacy")
+SAVED_KINDS = SAVED_TENSORS_KINDS  # pack, then unpack
 
 
 def contains(outer: Optional[str], inner: Optional[str]) -> bool:
@@ -196,7 +194,7 @@ class _PhaseBuilder:
             return
         self._close_groups(stack, module)
         top = stack[-1] if stack else None
-        if top is not None and top.closing and top.module == module and e.kind in _REOPENING:
+        if top is not None and top.closing and top.module == module and e.kind in BACKWARD_CALL_KINDS:
             stack.pop()  # the same module's next call in backward
             top = stack[-1] if stack else None
         if top is None or top.module != module:
@@ -210,7 +208,7 @@ class _PhaseBuilder:
             stack.append(group)
             top = group
         top.children.append(e)
-        if top.kind == "group" and e.kind in _CLOSING:
+        if top.kind == "group" and e.kind in CLOSING_KINDS:
             top.closing = True
 
 
@@ -238,7 +236,7 @@ def hook_lookup(trace: Trace) -> Callable[[Optional[int]], Optional[Hook]]:
 
 def module_of(e: Event, hook_of: Callable[[Optional[int]], Optional[Hook]]) -> Optional[str]:
     """The module an event belongs to: its own, else (hook events) its hook's module."""
-    if e.module is not None or e.type != "hook":
+    if e.module is not None or e.type != HOOK:
         return e.module
     h = hook_of(e.hook)
     return h.module if h is not None else None

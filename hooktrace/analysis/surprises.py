@@ -12,7 +12,18 @@ from collections import defaultdict
 from itertools import islice
 from typing import Callable, Collection, Iterable, Optional
 
-from ..kinds import EXIT, FORWARD_KINDS, GLOBAL, HOOK, MODULE, NODE, SAVED_TENSORS, TENSOR, TENSOR_KINDS
+from ..kinds import (
+    EXIT,
+    FORWARD_KINDS,
+    GLOBAL,
+    HOOK,
+    MODULE,
+    NODE,
+    SAVED_TENSORS,
+    TABLE,
+    TENSOR,
+    TENSOR_KINDS,
+)
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .calls import Call, in_order
 from .calls import calls as module_calls
@@ -24,17 +35,8 @@ from .training import forward_wrapper, step_in_grad_hook
 __all__ = ["RULES", "find_surprises", "is_internal_error", "split_levels"]
 
 MAX_SEQS = 50  # events named per surprise (enough to find them; the count is in the message)
-REPLACED = {  # what PyTorch uses a hook's return value for, and who sees it then
-    "forward_pre": "the module's inputs (args/kwargs): the hooks after it and the module's forward saw",
-    "forward": "the module's output: the hooks after it and the code that called the module saw",
-    "backward_pre": "grad_output: the hooks after it and the module's backward saw",
-    "backward": "grad_input: the hooks after it and the rest of the backward pass saw",
-    "backward_legacy": "grad_input: the hooks after it and the rest of the backward pass saw",
-    "grad": "the tensor's gradient: the hooks after it and the rest of the backward pass saw",
-    "node_pre": "the node's grad_outputs: the node and the hooks after it saw",
-    "node": "the node's grad_inputs: the rest of the backward pass saw",
-    "state_dict": "the state dict: the caller of state_dict() saw",
-}
+# what PyTorch uses a hook's return value for, and who sees it then (kinds.TABLE)
+REPLACED = {name: k.returned for name, k in TABLE.items() if k.returned is not None}
 
 
 def where(path: Optional[str]) -> str:

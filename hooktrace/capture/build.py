@@ -9,13 +9,13 @@ from operator import itemgetter
 from typing import Any, Optional
 
 from .. import kinds
+from ..kinds import ENTER, EXIT, HOOK, NODE, TENSOR
 from ..schema import ROOT, Event, Hook, Meta, Module, Surprise, Trace
-from . import shims
 
 # The phase of a hook event by kind (kinds.TABLE); None: the phase of the module call it ran in.
 _PHASE_OF_KIND = {name: k.phase for name, k in kinds.TABLE.items()}
 # Kinds with no module of their own: their events name the module call they ran in.
-_MODULE_OF_CALL = frozenset({"pack"})
+_MODULE_OF_CALL = frozenset(k for k in kinds.SAVED_TENSORS_KINDS if kinds.TABLE[k].phase is kinds.ENCLOSING)
 _HOOK_FIELDS = tuple(f.name for f in dataclasses.fields(Hook))
 
 
@@ -149,8 +149,8 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
     info = {
         hid: (
             h.kind,
-            _PHASE_OF_KIND.get(h.kind, shims.OTHER),
-            h.module if h.scope in ("tensor", "node") else None,
+            _PHASE_OF_KIND.get(h.kind, kinds.OTHER),
+            h.module if h.scope in (TENSOR, NODE) else None,
         )
         for hid, h in hooks.items()
     }
@@ -160,13 +160,13 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
         kind, phase, tensor_module = info[hid]
         path = paths.get(module_id) if module_id is not None else tensor_module
         error = outcome if outcome.__class__ is str else None
-        append((seq, "hook", phase, path, hid, kind, tid, t0 - start, t1 - t0, outcome is True, error))
+        append((seq, HOOK, phase, path, hid, kind, tid, t0 - start, t1 - t0, outcome is True, error))
     for enter, leave, phase, module_id, tid, t0, t1, error in islice(
         pending.module_calls, pending.n_module_calls
     ):
         path = paths.get(module_id)
-        append((enter, "enter", phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
-        append((leave, "exit", phase, path, None, None, tid, t1 - start, 0, False, error))
+        append((enter, ENTER, phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
+        append((leave, EXIT, phase, path, None, None, tid, t1 - start, 0, False, error))
     raw.sort(key=itemgetter(0))
 
     starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
@@ -181,13 +181,13 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
     for i, (seq, type_, phase, path, hid, kind, tid, t, duration, returned, error) in enumerate(raw):
         while seq >= starts[step]:
             step += 1
-        if type_ == "hook":
+        if type_ == HOOK:
             if phase is None:
                 stack = open_calls.get(tid)
-                phase = stack[-1][0] if stack else shims.FORWARD
+                phase = stack[-1][0] if stack else kinds.FORWARD
                 if path is None and kind in _MODULE_OF_CALL and stack:
                     path = stack[-1][1]
-        elif type_ == "enter":
+        elif type_ == ENTER:
             open_calls.setdefault(tid, []).append((phase, path))
         else:
             stack = open_calls.get(tid)

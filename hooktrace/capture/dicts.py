@@ -8,45 +8,22 @@ import torch
 import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
 
-# module attribute -> kind ("_backward_hooks" is full or legacy by `_is_full_backward_hook`)
-CALL_DICTS = (
-    ("_forward_pre_hooks", "forward_pre"),
-    ("_forward_hooks", "forward"),
-    ("_backward_pre_hooks", "backward_pre"),
-    ("_backward_hooks", "backward"),
-)
-STATE_DICTS = (
-    ("_state_dict_pre_hooks", "state_dict_pre"),
-    ("_state_dict_hooks", "state_dict"),
-    ("_load_state_dict_pre_hooks", "load_state_dict_pre"),
-    ("_load_state_dict_post_hooks", "load_state_dict_post"),
-)
+from .. import kinds
+from ..kinds import GLOBAL, MODULE, NODE, OPTIMIZER, TENSOR
+
+# (attribute, kind) of every hook dict, from the kinds table ("_backward_hooks" is full or legacy by
+# `_is_full_backward_hook`; global ones live on torch.nn.modules.module or torch.optim.optimizer)
+_MODULE_CALL_KINDS = tuple(k for k in kinds.KINDS if k not in kinds.STATE_DICT_KINDS)
+CALL_DICTS = kinds.dicts_of(MODULE, _MODULE_CALL_KINDS)
+STATE_DICTS = kinds.dicts_of(MODULE, kinds.STATE_DICT_KINDS)
 MODULE_DICTS = CALL_DICTS + STATE_DICTS
-GLOBAL_DICTS = (
-    ("_global_forward_pre_hooks", "forward_pre"),
-    ("_global_forward_hooks", "forward"),
-    ("_global_backward_pre_hooks", "backward_pre"),
-    ("_global_backward_hooks", "backward"),
-    ("_global_module_registration_hooks", "module_registration"),
-    ("_global_parameter_registration_hooks", "parameter_registration"),
-    ("_global_buffer_registration_hooks", "buffer_registration"),
-)
-GLOBAL_OPTIMIZER_DICTS = (
-    ("_global_optimizer_pre_hooks", "optimizer_step_pre"),
-    ("_global_optimizer_post_hooks", "optimizer_step_post"),
-)
-OPTIMIZER_DICTS = (
-    ("_optimizer_step_pre_hooks", "optimizer_step_pre"),
-    ("_optimizer_step_post_hooks", "optimizer_step_post"),
-    ("_optimizer_state_dict_pre_hooks", "optimizer_state_dict_pre"),
-    ("_optimizer_state_dict_post_hooks", "optimizer_state_dict"),
-    ("_optimizer_load_state_dict_pre_hooks", "optimizer_load_state_dict_pre"),
-    ("_optimizer_load_state_dict_post_hooks", "optimizer_load_state_dict_post"),
-)
-TENSOR_DICTS = (("_backward_hooks", "grad"), ("_post_accumulate_grad_hooks", "post_accumulate_grad"))
+GLOBAL_DICTS = kinds.dicts_of(GLOBAL, [k for k in kinds.KINDS if k not in kinds.OPTIMIZER_KINDS])
+GLOBAL_OPTIMIZER_DICTS = kinds.dicts_of(GLOBAL, kinds.OPTIMIZER_KINDS)
+OPTIMIZER_DICTS = kinds.dicts_of(OPTIMIZER)
+TENSOR_DICTS = kinds.dicts_of(TENSOR)
 KIND_OF_ATTR = dict(MODULE_DICTS + GLOBAL_DICTS + GLOBAL_OPTIMIZER_DICTS + OPTIMIZER_DICTS)
 # Scopes whose dicts hold a shim in place during the block (autograd calls them from there).
-IN_PLACE_SCOPES = frozenset({"tensor", "node"})
+IN_PLACE_SCOPES = frozenset({TENSOR, NODE})
 
 
 class HookDict(NamedTuple):

@@ -18,45 +18,17 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
 from torch.utils.hooks import RemovableHandle
 
+from .. import kinds
+from ..kinds import GLOBAL, MODULE, OPTIMIZER, TENSOR
 from .views import _is_compiling
 
-# (method name on nn.Module, kind)
-MODULE_METHODS = (
-    ("register_forward_pre_hook", "forward_pre"),
-    ("register_forward_hook", "forward"),
-    ("register_full_backward_pre_hook", "backward_pre"),
-    ("register_full_backward_hook", "backward"),
-    ("register_backward_hook", "backward_legacy"),
-    ("register_state_dict_pre_hook", "state_dict_pre"),
-    ("_register_state_dict_hook", "state_dict"),
-    ("register_state_dict_post_hook", "state_dict"),
-    ("_register_load_state_dict_pre_hook", "load_state_dict_pre"),
-    ("register_load_state_dict_pre_hook", "load_state_dict_pre"),
-    ("register_load_state_dict_post_hook", "load_state_dict_post"),
-)
-GLOBAL_FUNCTIONS = (
-    ("register_module_forward_pre_hook", "forward_pre"),
-    ("register_module_forward_hook", "forward"),
-    ("register_module_full_backward_pre_hook", "backward_pre"),
-    ("register_module_full_backward_hook", "backward"),
-    ("register_module_backward_hook", "backward_legacy"),
-    ("register_module_module_registration_hook", "module_registration"),
-    ("register_module_parameter_registration_hook", "parameter_registration"),
-    ("register_module_buffer_registration_hook", "buffer_registration"),
-)
-OPTIMIZER_METHODS = (
-    ("register_step_pre_hook", "optimizer_step_pre"),
-    ("register_step_post_hook", "optimizer_step_post"),
-    ("register_state_dict_pre_hook", "optimizer_state_dict_pre"),
-    ("register_state_dict_post_hook", "optimizer_state_dict"),
-    ("register_load_state_dict_pre_hook", "optimizer_load_state_dict_pre"),
-    ("register_load_state_dict_post_hook", "optimizer_load_state_dict_post"),
-)
-OPTIMIZER_FUNCTIONS = (
-    ("register_optimizer_step_pre_hook", "optimizer_step_pre"),
-    ("register_optimizer_step_post_hook", "optimizer_step_post"),
-)
-TENSOR_METHODS = (("register_hook", "grad"), ("register_post_accumulate_grad_hook", "post_accumulate_grad"))
+# (name, kind) of every `register_*` function, from the kinds table: methods of nn.Module, Tensor
+# and Optimizer, functions of torch.nn.modules.module and torch.optim.optimizer
+MODULE_METHODS = kinds.registers_of(MODULE)
+GLOBAL_FUNCTIONS = kinds.registers_of(GLOBAL, [k for k in kinds.KINDS if k not in kinds.OPTIMIZER_KINDS])
+OPTIMIZER_METHODS = kinds.registers_of(OPTIMIZER)
+OPTIMIZER_FUNCTIONS = kinds.registers_of(GLOBAL, kinds.OPTIMIZER_KINDS)
+TENSOR_METHODS = kinds.registers_of(TENSOR)
 
 
 OnRegister = Callable[[RemovableHandle, str, Any, dict, Any], None]

@@ -38,9 +38,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .. import kinds
+from ..kinds import FORWARD, OPTIMIZER_PHASE, RECOMPUTE
 from .views import _is_compiling
 
-FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER, OTHER = "forward", "backward", "recompute", "optimizer", "other"
 # Keys of objects given one after another object with the same id died: above every id.
 KEY_STEP = 1 << 64
 Who = tuple[Optional[int], str]  # (key, type name) of a module a record names: see Recorder.who
@@ -49,26 +50,7 @@ STEPPING: dict[int, int] = {}
 
 # Kinds PyTorch calls with one to four positional arguments (module first, except tensor hooks), and
 # how many it passes without keyword flags (`with_kwargs` hooks get one more).
-ARITY = {
-    "grad": 1,
-    "post_accumulate_grad": 1,
-    "forward_pre": 2,
-    "backward_pre": 2,
-    "forward": 3,
-    "backward": 3,
-    "backward_legacy": 3,
-    "node_pre": 1,  # (grad_outputs)
-    "node": 2,  # (grad_inputs, grad_outputs)
-    "pack": 1,
-    "unpack": 1,
-    "comm": 2,  # (state, bucket)
-    "optimizer_step_pre": 3,  # (optimizer, args, kwargs)
-    "optimizer_step_post": 3,
-    "optimizer_state_dict_pre": 1,  # (optimizer)
-    "optimizer_state_dict": 2,  # (optimizer, state_dict)
-    "optimizer_load_state_dict_pre": 2,
-    "optimizer_load_state_dict_post": 1,
-}
+ARITY = {name: k.args for name, k in kinds.TABLE.items() if k.args is not None}
 POSITIONAL_KINDS = frozenset(ARITY)
 
 _graph_task_id: Callable[[], int] = getattr(torch._C, "_current_graph_task_id", lambda: -1)
@@ -429,7 +411,7 @@ def make_module_call(
                 on_input(self, arg)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         if stepping and ident() in stepping:
-            phase = OPTIMIZER
+            phase = OPTIMIZER_PHASE
         compiled = self._compiled_call_impl
         t0 = clock()
         try:

@@ -25,7 +25,6 @@ __all__ = [
     "render",
     "renderer",
     "safe_text",
-    "tree_text",
 ]
 
 TREE_OPTIONS = ("width", "color", "depth", "module", "phase", "expand", "times", "all_surprises")
@@ -109,10 +108,3 @@ def render(trace: Trace, fmt: str, **options: Any) -> Union[str, bytes]:
         takes = f"it takes {', '.join(r.options)}" if r.options else "it takes none"
         raise RenderError(f"the {r.name} renderer has no option {', '.join(unknown)}; {takes}")
     return r.function()(trace, **options)
-
-
-def tree_text(trace: Trace, **options: Any) -> str:
-    """The tree as text (see `render.tree.tree_text`); rich is imported only when called."""
-    from .tree import tree_text as text
-
-    return text(trace, **options)

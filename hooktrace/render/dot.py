@@ -21,6 +21,8 @@ import graphviz
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
+from ..kinds import FAMILIES as KIND_FAMILIES
+from ..kinds import TABLE
 from ..schema import Event, Trace, is_internal_error
 from .badges import (
     badges,
@@ -42,16 +44,10 @@ INSTALL_HINT = (
 FONT = "Helvetica"
 PHASE_FILL = {"forward": "#f1f8f1", "backward": "#eff3fb", "recompute": "#fff5e6", "optimizer": "#fbf3ea",
               "other": "#f4f4f4"}  # fmt: skip
-# one fill per family of kinds, so each colour in the picture has one legend entry
+# family -> (fill, legend words, its kinds): one colour per family (kinds.FAMILIES), one legend entry
 FAMILIES = {
-    "forward": ("#c8e6c9", "forward hook or wrapper", ("forward_pre", "forward", "forward_wrapper")),
-    "backward": ("#c5d8f0", "module backward hook", ("backward_pre", "backward")),
-    "legacy": ("#f6d5c1", "legacy backward hook", ("backward_legacy",)),
-    "tensor": ("#e6d3ee", "tensor hook (grad, post-accumulate)", ("grad", "post_accumulate_grad")),
-    "node": ("#d0ece7", "autograd node hook", ("node_pre", "node")),
-    "comm": ("#f8d7e3", "DDP communication hook", ("comm",)),
-    "optimizer": ("#ffe0b2", "optimizer hook", ("optimizer_step_pre", "optimizer_step_post")),
-    "saved": ("#e0e0e0", "saved-tensor pack/unpack", ("pack", "unpack")),
+    fam: (fill, words, tuple(k for k, info in TABLE.items() if info.family == fam))
+    for fam, (words, fill) in KIND_FAMILIES.items()
 }
 FAMILY_OF = {k: fam for fam, (_, _, kinds) in FAMILIES.items() for k in kinds}
 OTHER_FILL = "#eeeeee"

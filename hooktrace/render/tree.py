@@ -10,7 +10,6 @@ goes through `safe_text`, so no control sequence reaches the terminal.
 
 from __future__ import annotations
 
-import difflib
 import io
 import re
 from typing import Any, Iterator, Optional
@@ -25,8 +24,9 @@ from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
 from ..io import gc_paused
-from ..kinds import PHASES
-from ..schema import ROOT, Event, Trace, is_internal_error
+from ..kinds import PHASES, TABLE
+from ..options import UsageError, module_path
+from ..schema import Event, Trace, is_internal_error
 from .badges import (
     PHASE_TITLES,
     WARM_UP,
@@ -43,23 +43,7 @@ from .badges import (
 from .errors import RenderError
 from .safe import safe_text
 
-KIND_STYLES = {
-    "forward_pre": "cyan",
-    "forward": "green",
-    "forward_wrapper": "bright_green",
-    "backward_pre": "magenta",
-    "backward": "blue",
-    "backward_legacy": "red",
-    "grad": "yellow",
-    "post_accumulate_grad": "yellow",
-    "node_pre": "bright_blue",
-    "node": "bright_blue",
-    "comm": "bright_red",
-    "optimizer_step_pre": "bright_magenta",
-    "optimizer_step_post": "bright_magenta",
-    "pack": "bright_black",
-    "unpack": "bright_black",
-}
+KIND_STYLES = {name: k.style for name, k in TABLE.items() if k.style is not None}
 BADGE_STYLES = {"prepend": "bold yellow", "global": "bold cyan", "returned": "magenta", "error": "bold red"}
 KIND_WIDTH = 13
 GUIDE = 4  # columns rich's tree indents each level by
@@ -352,18 +336,12 @@ def _surprise_panel(surprises: list[Any], expand: bool, hidden_info: int) -> Pan
 
 
 def resolve_module(trace: Trace, module: str) -> str:
-    """The module path `module` names (`<root>` is the root); RenderError with the closest paths
-    when the trace has no such module."""
-    if module == ROOT:
-        return ""
-    paths = [m.path for m in trace.modules] or sorted({e.module for e in trace.events} - {None})
-    if module in paths or any(ct.contains(module, p) for p in paths):
-        return module
-    ends = [p for p in paths if p.endswith("." + module)]
-    close = ends[:3] or difflib.get_close_matches(module, paths, n=3)
-    hint = f"; did you mean {' or '.join(repr(safe_text(p)) for p in close)}?" if close else ""
-    listed = ", ".join(repr(module_name(p)) for p in paths[:6]) + (", …" if len(paths) > 6 else "")
-    raise RenderError(f"no module {safe_text(module)!r} in this trace{hint} (modules: {listed})")
+    """The module path `module` names, by `--module`'s rule (options.module_path); RenderError with
+    the closest paths when the trace has no such module."""
+    try:
+        return module_path(trace.module_paths(), module)
+    except UsageError as exc:
+        raise RenderError(safe_text(str(exc))) from None
 
 
 def build_tree(
@@ -419,10 +397,13 @@ def _empty_message(trace: Trace, module: Optional[str], phase: Optional[str]) ->
     return f"No events for {' and '.join(what)} in this trace."
 
 
-def tree_text(trace: Trace, *, width: int = 100, color: bool = False, **opts: Any) -> str:
-    """The tree as text: plain (color=False, as when piped) or with ANSI colours.
+def tree_text(trace: Any, *, width: int = 100, color: bool = False, **opts: Any) -> str:
+    """The tree of a `Trace`, or of the `with hooktrace.trace(...) as t` session, as text: plain
+    (color=False, as when piped) or with ANSI colours. Options as `hooktrace render`: depth, module,
+    phase, expand, times, all_surprises (`hooktrace.tree_text` is this function).
 
     Always the text, also inside a Jupyter kernel (rich would otherwise send it to the notebook)."""
+    trace = getattr(trace, "trace", trace)  # a TraceSession gives its trace
     out = io.StringIO()
     console = Console(
         file=out,

@@ -1,0 +1,119 @@
+"""The kinds table (hooktrace/kinds.py) against PyTorch itself: every hook dict and `register_*`
+name a row gives exists where the row says, every kind PyTorch calls gets the number of positional
+arguments the row says, and every table keyed by kind, phase or family covers all of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.modules.module as nn_module
+import torch.optim.optimizer as optim_module
+
+from hooktrace import kinds
+from hooktrace.capture import dicts, registry, shims
+from hooktrace.kinds import GLOBAL, MODULE, OPTIMIZER, PHASES, TABLE, TENSOR
+
+
+def _owner(scope: str, kind: str) -> Any:
+    """Where a row's dict attributes and register_* names of `scope` live."""
+    if scope == GLOBAL:
+        return optim_module if kind in kinds.OPTIMIZER_KINDS else nn_module
+    if scope == MODULE:
+        return torch.nn.Linear(2, 2)
+    if scope == TENSOR:
+        return torch.zeros(2, requires_grad=True)
+    assert scope == OPTIMIZER
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+
+
+@pytest.mark.parametrize("kind", list(TABLE))
+def test_a_rows_dicts_and_register_names_exist_in_pytorch(kind: str) -> None:
+    info = TABLE[kind]
+    assert info.name == kind and info.scopes and info.label
+    for scope, attr in info.dicts:
+        assert scope in info.scopes
+        assert hasattr(_owner(scope, kind), attr), (scope, attr)
+    for scope, name in info.registers:
+        assert scope in info.scopes
+        assert callable(getattr(_owner(scope, kind), name)), (scope, name)
+
+
+def _fire(kind: str, record: list[int]) -> None:
+    """Register a hook of `kind` that records how many positional arguments it got, and run it."""
+
+    def hook(*args: Any) -> None:
+        record.append(len(args))
+
+    linear = torch.nn.Linear(2, 2)
+    x = torch.randn(1, 2, requires_grad=True)
+    if kind in ("forward_pre", "forward", "backward_pre", "backward", "backward_legacy"):
+        name = dict(kinds.registers_of(MODULE))
+        inverse = {k: n for n, k in name.items()}
+        getattr(linear, inverse[kind])(hook)
+        linear(x).sum().backward()
+    elif kind in ("grad", "post_accumulate_grad"):
+        inverse = {k: n for n, k in kinds.registers_of(TENSOR)}
+        getattr(linear.weight, inverse[kind])(hook)
+        linear(x).sum().backward()
+    elif kind in ("node_pre", "node"):
+        out = linear(x).sum()
+        (out.grad_fn.register_prehook if kind == "node_pre" else out.grad_fn.register_hook)(hook)
+        out.backward()
+    elif kind in ("pack", "unpack"):
+
+        def pack(t: Any) -> Any:
+            if kind == "pack":
+                hook(t)
+            return t
+
+        def unpack(t: Any) -> Any:
+            if kind == "unpack":
+                hook(t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            out = (x * x).sum()
+        out.backward()
+    elif kind in kinds.OPTIMIZER_KINDS:
+        opt = torch.optim.SGD(linear.parameters(), lr=0.1)
+        inverse = {k: n for n, k in kinds.registers_of(OPTIMIZER)}
+        getattr(opt, inverse[kind])(hook)
+        linear(x).sum().backward()
+        opt.step()
+        state = opt.state_dict()
+        opt.load_state_dict(state)
+    else:
+        raise AssertionError(f"no way to fire {kind} here")
+
+
+# `comm` is called by DDP's reducer alone (tests/test_capture_wrappers.py runs it)
+@pytest.mark.parametrize("kind", [k for k, info in TABLE.items() if info.args is not None and k != "comm"])
+@pytest.mark.filterwarnings("ignore:Using a non-full backward hook")
+def test_pytorch_passes_a_kind_the_positional_arguments_its_row_says(kind: str) -> None:
+    record: list[int] = []
+    _fire(kind, record)
+    assert record, f"{kind} did not fire"
+    assert set(record) == {TABLE[kind].args}, (kind, record)
+
+
+def test_tables_keyed_by_kind_phase_or_family_cover_every_one() -> None:
+    from hooktrace.render import badges, dot, tree
+
+    assert set(shims.ARITY) == {k for k, info in TABLE.items() if info.args is not None}
+    assert set(badges.PHASE_TITLES) == set(PHASES)
+    assert set(dot.PHASE_FILL) == set(PHASES)
+    used = {info.family for info in TABLE.values()} - {None}
+    assert used == set(kinds.FAMILIES) == set(dot.FAMILIES)
+    assert {k for fam in dot.FAMILIES.values() for k in fam[2]} == {k for k in TABLE if TABLE[k].family}
+    assert set(tree.KIND_STYLES) == {k for k in TABLE if TABLE[k].style}
+    # every kind with a family has a colour in the tree, and the reverse
+    assert {k for k in TABLE if TABLE[k].family} == set(tree.KIND_STYLES)
+    # every dict the capture walks is a row's, and every row's dict is walked
+    walked = dicts.MODULE_DICTS + dicts.GLOBAL_DICTS + dicts.GLOBAL_OPTIMIZER_DICTS + dicts.OPTIMIZER_DICTS
+    walked += dicts.TENSOR_DICTS
+    assert sorted(walked) == sorted((attr, k) for k, info in TABLE.items() for _, attr in info.dicts)
+    intercepted = registry.MODULE_METHODS + registry.GLOBAL_FUNCTIONS + registry.OPTIMIZER_METHODS
+    intercepted += registry.OPTIMIZER_FUNCTIONS + registry.TENSOR_METHODS
+    assert sorted(intercepted) == sorted((name, k) for k, info in TABLE.items() for _, name in info.registers)
