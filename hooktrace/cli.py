@@ -141,7 +141,7 @@ def _output(
     Display options the chosen format does not take are named in a `note:` and not applied."""
     from . import render as r
 
-    if "module" in view:
+    if "module" in view:  # not a kind: an option
         view = dict(view, module=module_path(trace.module_paths(), view["module"]))
     try:
         chosen = r.format_for_path(str(output) if output else None, fmt)
@@ -333,9 +333,9 @@ def run(
     input: List[str] = cli_option("input_shapes", []),
     dtype: Optional[str] = cli_option("dtype"),
     device: Optional[str] = cli_option("device"),
-    no_backward: bool = cli_option("backward", False),
+    no_backward: bool = cli_option("backward", False),  # not a kind: an option
     steps: int = cli_option("steps", 1, min=1),
-    optimizer: Optional[str] = cli_option("optimizer"),
+    optimizer: Optional[str] = cli_option("optimizer"),  # not a kind: an option
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
     check: Optional[Path] = typer.Option(

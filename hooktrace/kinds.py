@@ -8,7 +8,7 @@ imports nothing (it sits below `schema`).
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 # Where a hook lives (HOOK `scope`).
 MODULE, GLOBAL, TENSOR, NODE, OPTIMIZER, SAVED_TENSORS = (
@@ -161,6 +161,19 @@ TABLE: dict[str, Kind] = {
     )
 }  # fmt: skip
 KINDS = tuple(TABLE)
+
+
+class _KindNames:
+    """Every kind's name as an attribute, `K.forward_pre`: a misspelt kind fails where it is used."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.__dict__.update({name: name for name in names})
+
+    def __getattr__(self, name: str) -> str:  # only for names that are not kinds
+        raise AttributeError(f"no hook kind {name!r}")
+
+
+K: Any = _KindNames(TABLE)
 
 
 def kinds_of(scope: str) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ FORMAT = "hooktrace.trace"
 VERSION = 2  # what `save` and `to_dict` write
 READS = (1, 2)  # the versions `load` and `from_dict` read
 # Version 2 event columns that hold indices into a table: the SPEC's four, and `thread` (see README).
-INDEXED = ("type", "phase", "kind", "module", "thread")
+INDEXED = ("type", "phase", "kind", "module", "thread")  # not a kind: column names
 SURPRISE_LEVELS = ("warn", "info")
 PREPEND_SOURCES = ("registration", "inferred")
 

@@ -121,7 +121,7 @@ _COLUMN_TYPES = {  # the Python types each event column may hold
     "error": {str, _OR_NULL},
 }
 _COLUMN_VALUES = {"type": set(EVENT_TYPES), "phase": set(PHASES), "kind": {*KINDS, None}}
-_NULLABLE_INDICES = ("module", "kind")  # version 2 indexed columns where null stays null
+_NULLABLE_INDICES = ("module", "kind")  # not a kind: version 2 indexed columns where null stays null
 _event_fields = operator.itemgetter(*EVENT_FIELDS)
 
 

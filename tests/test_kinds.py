@@ -4,6 +4,8 @@ arguments the row says, and every table keyed by kind, phase or family covers al
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,3 +119,66 @@ def test_tables_keyed_by_kind_phase_or_family_cover_every_one() -> None:
     intercepted = registry.MODULE_METHODS + registry.GLOBAL_FUNCTIONS + registry.OPTIMIZER_METHODS
     intercepted += registry.OPTIMIZER_FUNCTIONS + registry.TENSOR_METHODS
     assert sorted(intercepted) == sorted((name, k) for k, info in TABLE.items() for _, name in info.registers)
+
+
+# -- no kind, phase, scope or event type spelled outside kinds.py ---------------------------------------
+WORDS = set(kinds.KINDS) | set(kinds.SCOPES) | set(PHASES) | set(kinds.EVENT_TYPES)
+NOT_A_KIND = "# not a kind"  # on a line, or the line above it: its word only looks like one (an option)
+_TEXT_CALLS = ("Surprise", "plural", "startswith", "endswith", "getattr", "hasattr", "setattr", "attr")
+
+
+def _spelled(path: Path) -> list[tuple[int, str]]:
+    """String constants in `path` that are a kind, phase, scope or event type, outside docstrings,
+    dict keys, subscripts, f-strings, `__slots__`, words passed to `_TEXT_CALLS` and marked lines."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    skip: set[int] = set()
+    for n in ast.walk(tree):
+        body = getattr(n, "body", None)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body:
+            if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                skip.add(id(body[0].value))
+        if isinstance(n, ast.Dict):
+            skip.update(id(k) for k in n.keys if k is not None)
+        elif isinstance(n, ast.Subscript):
+            skip.add(id(n.slice))
+        elif isinstance(n, ast.JoinedStr):
+            skip.update(id(v) for v in n.values)
+        elif isinstance(n, ast.Call):
+            name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+            if name in _TEXT_CALLS:
+                skip.update(id(c) for a in n.args for c in ast.walk(a))
+        elif isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__slots__" for t in n.targets):
+            skip.update(id(c) for c in ast.walk(n.value))
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and n.value in WORDS
+        and id(n) not in skip
+        and NOT_A_KIND not in lines[n.lineno - 1] + lines[n.lineno - 2]
+    ]
+
+
+def test_no_kind_phase_scope_or_event_type_is_spelled_outside_kinds_py() -> None:
+    """They come from kinds.py (`K.forward_pre`, `FORWARD`, `MODULE`, `HOOK`), so a kind is added,
+    renamed or found in one place."""
+    package = Path(kinds.__file__).parent
+    found = {
+        str(p.relative_to(package.parent)): hits
+        for p in sorted(package.rglob("*.py"))
+        if p.name != "kinds.py" and (hits := _spelled(p))
+    }
+    assert not found, found
+
+
+def test_the_spelling_check_finds_a_spelled_kind(tmp_path: Path) -> None:
+    code = tmp_path / "x.py"
+    code.write_text(
+        '"""forward"""\nif e.kind == "forward_pre" or e.phase != "recompute":\n    d = {"module": 1}\n'
+    )
+    assert _spelled(code) == [(2, "forward_pre"), (2, "recompute")]
+    code.write_text('x = "node"  # not a kind\nplural(2, "hook")\n')
+    assert _spelled(code) == []

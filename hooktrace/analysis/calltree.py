@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Iterator, Optional, Union
 
-from ..kinds import BACKWARD_CALL_KINDS, CLOSING_KINDS, ENTER, EXIT, HOOK, SAVED_TENSORS_KINDS
+from ..kinds import BACKWARD_CALL_KINDS, CLOSING_KINDS, ENTER, EXIT, HOOK, SAVED_TENSORS_KINDS, K
 from ..schema import Event, Hook, Trace
 from .calls import Call, in_order, pair
 
@@ -200,7 +200,7 @@ class _PhaseBuilder:
         if top is None or top.module != module:
             siblings = (top or self.root).children
             last = siblings[-1] if siblings else None
-            if type(last) is Node and last.kind == "call" and last.module == module and e.kind == "forward":
+            if type(last) is Node and last.kind == "call" and last.module == module and e.kind == K.forward:
                 last.children.append(e)  # a forward hook recorded after its call's exit
                 return
             group = Node("group", e, module)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from ..ids import family  # handle ids, synthetic ids, copies' ids: order only within a family
+from ..kinds import ENTER, HOOK
 from ..schema import Event, Trace
 from .identity import identity
 
@@ -67,11 +68,11 @@ def count(trace: Trace, events: Optional[Iterable[Event]] = None) -> Counts:
         steps.add(e.step)
         if e.module is not None:
             modules.add(e.module)
-        if e.type == "hook" and e.hook is not None:
+        if e.type == HOOK and e.hook is not None:
             hook_steps[e.hook].add(e.step)
-        elif e.type == "enter":
+        elif e.type == ENTER:
             module_calls += 1
-    hook_calls = sum(1 for e in evs if e.type == "hook")
+    hook_calls = sum(1 for e in evs if e.type == HOOK)
     known = {h.id: identity(h) for h in trace.hooks}
     ids = set(known) if whole else set()
     ids |= set(hook_steps)

@@ -18,6 +18,7 @@ from itertools import repeat
 from typing import Callable, Optional
 
 from ..io import gc_paused
+from ..kinds import HOOK
 from ..schema import ROOT, Event, Trace, is_internal_error
 from .align import align
 from .counts import plural
@@ -112,7 +113,7 @@ def _moved_in_same_list(a: Difference, b: Difference) -> bool:
 
 def _hook_events(events: list[Event]) -> list[Event]:
     """The hook events, in seq order (sorted only when they are not already)."""
-    hooks = [e for e in events if e[2] == "hook"]
+    hooks = [e for e in events if e[2] == HOOK]
     seqs = list(map(operator.itemgetter(0), hooks))
     if all(map(operator.lt, seqs, seqs[1:])):
         return hooks

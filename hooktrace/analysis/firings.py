@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from ..kinds import GLOBAL, HOOK, NODE, OPTIMIZER, SAVED_TENSORS
 from ..schema import ROOT, Event, Hook, Trace
 from .counts import plural  # noqa: F401  (re-exported for the surprise rules)
 
@@ -20,7 +21,7 @@ def firings(trace: Trace) -> list[list[Event]]:
     last = None
     seen: set[Optional[int]] = set()
     for e in trace.events:
-        if e.type != "hook":
+        if e.type != HOOK:
             last = None
             continue
         key = (e.step, e.phase, e.module, e.kind, e.thread)
@@ -76,13 +77,13 @@ def place(hook: Hook) -> str:
     what they fire for (never "a module outside the model" for a global, optimizer or saved-tensor hook)."""
     if hook.tensor:
         return hook.tensor
-    if hook.scope == "global":
+    if hook.scope == GLOBAL:
         return "every optimizer" if hook.kind.startswith("optimizer") else "every module (global)"
-    if hook.scope == "optimizer":
+    if hook.scope == OPTIMIZER:
         return "an optimizer"
-    if hook.scope == "saved_tensors":
+    if hook.scope == SAVED_TENSORS:
         return "saved tensors"
-    if hook.scope == "node":
+    if hook.scope == NODE:
         return "an autograd node"
     if hook.module is None:
         return "a module outside the model"

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
+from ..kinds import GLOBAL, MODULE, TENSOR
 from ..schema import Hook, Trace
 
 Identity = tuple  # (scope, module, tensor, kind, name)
@@ -45,11 +46,11 @@ class HookKey:
         text = repr(self.name)
         if self.occurrence:
             text += f" #{self.occurrence + 1}"
-        if self.scope == "global":
+        if self.scope == GLOBAL:
             text += " (global)"
-        elif self.scope == "tensor":
+        elif self.scope == TENSOR:
             text += f" (tensor hook on {self.tensor})" if self.tensor else " (tensor hook)"
-        elif self.scope not in ("module", "unknown"):
+        elif self.scope not in (MODULE, "unknown"):
             text += f" ({self.scope} hook on {self.tensor})" if self.tensor else f" ({self.scope} hook)"
         return text
 

@@ -13,15 +13,21 @@ from typing import Optional
 
 from ..kinds import (
     BACKWARD,
+    ENTER,
+    EXIT,
+    FORWARD,
     FORWARD_KINDS,
     GLOBAL,
+    HOOK,
     MODULE,
     NODE,
     OPTIMIZER_KINDS,
     REGISTRATION_KINDS,
+    SAVED_TENSORS,
     STATE_DICT_KINDS,
     TABLE,
     TENSOR,
+    K,
 )
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .calls import Call, calls
@@ -70,14 +76,14 @@ class _Facts:
     def of(cls, trace: Trace) -> _Facts:
         facts = cls(trace)
         for e in trace.events:
-            if e.type == "hook":
+            if e.type == HOOK:
                 facts.fired.add(e.hook)
                 facts.kinds_fired.add(e.kind)
-            elif e.type == "enter":
+            elif e.type == ENTER:
                 facts.entered.add(e.module)
             if e.phase == BACKWARD:
                 facts.backward_steps.add(e.step)
-            if e.error and (e.type == "hook" or (e.type == "exit" and not is_internal_error(e.error))):
+            if e.error and (e.type == HOOK or (e.type == EXIT and not is_internal_error(e.error))):
                 facts.errors.append(e)
         facts.calls = calls(trace)
         facts.types = {m.path: m.type for m in trace.modules}
@@ -124,9 +130,9 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
     kind = hook.kind
     if hook.removed_during_run:
         return "it was removed while the model ran", "warn"
-    if hook.scope == "saved_tensors" and (hook.defined_at or "").startswith("torch/"):
+    if hook.scope == SAVED_TENSORS and (hook.defined_at or "").startswith("torch/"):
         return None  # PyTorch's own pack/unpack (checkpoint's `_recomputation_hook` never unpacks by design)
-    if kind == "comm" and hook.name.endswith("(built-in)"):
+    if kind == K.comm and hook.name.endswith("(built-in)"):
         return "a built-in (C++) comm hook runs inside DDP's reducer, where hooktrace cannot see it", "info"
     if kind in STATE_DICT_KINDS:
         call = "load_state_dict()" if kind.startswith("load") else "state_dict()"
@@ -138,7 +144,7 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
         what = kind.split("_")[0]
         return f"no {what} was registered after it, while tracing", NOT_ASKED
     if kind in OPTIMIZER_KINDS:
-        if "state_dict" in kind:
+        if K.state_dict in kind:
             call = "load_state_dict()" if "load" in kind else "state_dict()"
             return f"the optimizer's {call} was not called while tracing", NOT_ASKED
         if hook.scope == GLOBAL:
@@ -151,7 +157,7 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
     info = TABLE.get(kind)
     if info is not None and info.phase == BACKWARD:
         return _backward_reason(facts, hook)
-    if kind in FORWARD_KINDS or kind == "forward_wrapper":
+    if kind in FORWARD_KINDS or kind == K.forward_wrapper:
         return _forward_reason(facts, hook)
     return "the trace does not show why", "warn"
 
@@ -168,7 +174,7 @@ def _forward_reason(facts: _Facts, hook: Hook) -> tuple[str, str]:
             return "no module was called while tracing", "warn"
         return "the trace does not show why (modules were called)", "warn"
     mine = [c for c in facts.calls if c.module == hook.module]
-    if hook.kind == "forward" and mine and all(c.raised for c in mine) and not hook.always_call:
+    if hook.kind == K.forward and mine and all(c.raised for c in mine) and not hook.always_call:
         return (
             f"every call of {_where(hook.module)} raised before its forward hooks ran "
             f"(always_call=True would have run it)",
@@ -199,7 +205,7 @@ def _backward_reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
                 "warn",
             )
         return "no backward hook fired at all, so the trace does not show whether a backward pass ran", "warn"
-    if hook.scope == MODULE and hook.kind in ("backward_pre", "backward"):
+    if hook.scope == MODULE and hook.kind in (K.backward_pre, K.backward):
         return _full_backward_reason(facts, hook), "warn"
     if hook.scope == TENSOR:
         return f"no gradient for {hook.tensor or 'its tensor'} was computed after it was registered", "warn"
@@ -213,7 +219,7 @@ def _full_backward_reason(facts: _Facts, hook: Hook) -> str:
     the loss used a tensor from inside the call: say so. Else the trace does not show why."""
     module = hook.module
     assert module is not None
-    steps = {c.step for c in facts.calls if c.module == module and c.phase == "forward"}
+    steps = {c.step for c in facts.calls if c.module == module and c.phase == FORWARD}
     evidence = _gradient_inside(facts, module, steps)
     if not evidence:
         return (
@@ -239,9 +245,9 @@ def _gradient_inside(facts: _Facts, module: str, steps: set) -> list[str]:
     of submodules called only inside it, and gradient hooks of its parameters."""
     trace = facts.trace
     found: list[str] = []
-    outer = [c for c in facts.calls if c.module == module and c.phase == "forward"]
+    outer = [c for c in facts.calls if c.module == module and c.phase == FORWARD]
     for e in trace.events:
-        if e.type != "hook" or e.phase != BACKWARD or e.step not in steps:
+        if e.type != HOOK or e.phase != BACKWARD or e.step not in steps:
             continue
         try:
             other = trace.hook(e.hook) if e.hook is not None else None
@@ -251,7 +257,7 @@ def _gradient_inside(facts: _Facts, module: str, steps: set) -> list[str]:
             continue
         if other.scope == MODULE and _inside(e.module, module):
             inner = [
-                c for c in facts.calls if c.module == e.module and c.phase == "forward" and c.step == e.step
+                c for c in facts.calls if c.module == e.module and c.phase == FORWARD and c.step == e.step
             ]
             if inner and all(
                 any(o.enter < c.enter and (o.end or 1 << 62) > c.enter for o in outer) for c in inner
@@ -269,7 +275,7 @@ def _forward_hooks_that_fired(facts: _Facts, module: str) -> list[str]:
     trace = facts.trace
     out = []
     for e in trace.events:
-        if e.type == "hook" and e.kind == "forward" and e.module == module and e.phase == "forward":
+        if e.type == HOOK and e.kind == K.forward and e.module == module and e.phase == FORWARD:
             try:
                 hook = trace.hook(e.hook) if e.hook is not None else None
             except KeyError:

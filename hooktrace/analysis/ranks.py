@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..kinds import MODULE, TENSOR
 from ..schema import Hook, Trace
 from .counts import plural
 from .diff import TraceDiff, diff_traces
@@ -31,8 +32,8 @@ def _where(module: Optional[str]) -> str:
 
 def hook_label(hook: Hook) -> str:
     """`extra_hook (forward hook on module '1', registered at x.py:12)`."""
-    scope = "" if hook.scope == "module" else f"{hook.scope} "
-    if hook.scope == "tensor":
+    scope = "" if hook.scope == MODULE else f"{hook.scope} "
+    if hook.scope == TENSOR:
         on = hook.tensor or _where(hook.module)
     else:
         on = _where(hook.module)

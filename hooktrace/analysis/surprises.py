@@ -13,16 +13,20 @@ from itertools import islice
 from typing import Callable, Collection, Iterable, Optional
 
 from ..kinds import (
+    BACKWARD,
     EXIT,
+    FORWARD,
     FORWARD_KINDS,
     GLOBAL,
     HOOK,
     MODULE,
     NODE,
+    RECOMPUTE,
     SAVED_TENSORS,
     TABLE,
     TENSOR,
     TENSOR_KINDS,
+    K,
 )
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .calls import Call, in_order
@@ -151,9 +155,7 @@ def prepend_displaced(trace: Trace) -> list[Surprise]:
 
 # -- recompute ----------------------------------------------------------------------------------
 def recompute(trace: Trace) -> list[Surprise]:
-    events = [
-        e for e in trace.events if e.type == "hook" and e.phase == "recompute" and e.kind in FORWARD_KINDS
-    ]
+    events = [e for e in trace.events if e.type == HOOK and e.phase == RECOMPUTE and e.kind in FORWARD_KINDS]
     if not events:
         return []
     hook_ids = sorted({e.hook for e in events if e.hook is not None})
@@ -164,7 +166,7 @@ def recompute(trace: Trace) -> list[Surprise]:
         f"these hooks saw a second forward in the step."
     )
     calls = module_calls(trace)
-    stopped = [c for c in calls if c.phase == "recompute" and c.stopped]
+    stopped = [c for c in calls if c.phase == RECOMPUTE and c.stopped]
     seqs = [e.seq for e in events]
     if stopped:
         message += (
@@ -186,12 +188,10 @@ def _did_not_rerun(trace: Trace, calls: list, stopped: list) -> list[Hook]:
     """Forward-kind hooks that fired inside a module's forward call but not inside its recompute
     call that PyTorch stopped: only for modules called once in that step's forward (so the two calls
     are surely the same), and only hooks inside that call (the checkpointed region)."""
-    hook_events = [e for e in trace.events if e.type == "hook" and e.kind in FORWARD_KINDS]
+    hook_events = [e for e in trace.events if e.type == HOOK and e.kind in FORWARD_KINDS]
     missing: dict[int, Hook] = {}
     for stop in stopped:
-        forward = [
-            c for c in calls if c.phase == "forward" and c.step == stop.step and c.module == stop.module
-        ]
+        forward = [c for c in calls if c.phase == FORWARD and c.step == stop.step and c.module == stop.module]
         if len(forward) != 1 or forward[0].exit is None:
             continue
         first = {(e.module, e.hook) for e in hook_events if forward[0].holds(e)}
@@ -210,7 +210,7 @@ def replaced_value(trace: Trace) -> list[Surprise]:
     by_hook: dict[tuple, list[Event]] = defaultdict(list)
     first: dict[tuple, Hook] = {}
     for e in trace.events:
-        if e.type == "hook" and e.returned:
+        if e.type == HOOK and e.returned:
             hook = hook_of(trace, e.hook)
             if hook is None:
                 continue
@@ -240,12 +240,12 @@ def replaced_value(trace: Trace) -> list[Surprise]:
 
 
 def legacy_backward(trace: Trace) -> list[Surprise]:
-    legacy = [h for h in trace.hooks if h.kind == "backward_legacy"]
+    legacy = [h for h in trace.hooks if h.kind == K.backward_legacy]
     if not legacy:
         return []
     seqs: dict[int, list[int]] = {h.id: [] for h in legacy}
     for e in trace.events:
-        found = seqs.get(e.hook) if e.type == "hook" else None  # type: ignore[arg-type]
+        found = seqs.get(e.hook) if e.type == HOOK else None  # type: ignore[arg-type]
         if found is not None and len(found) < MAX_SEQS:
             found.append(e.seq)
     return [
@@ -268,7 +268,7 @@ def hook_error(trace: Trace) -> list[Surprise]:
     seqs: list[int] = []
     calls: list[Call] = []
     for e in events:
-        if e.type != "hook" or not e.error or is_internal_error(e.error):
+        if e.type != HOOK or not e.error or is_internal_error(e.error):
             continue
         hook = hook_of(trace, e.hook)
         name = label(hook) if hook else f"hook #{e.hook}"
@@ -282,7 +282,7 @@ def hook_error(trace: Trace) -> list[Surprise]:
                 break
             if call is None and later.module == e.module and later.type == EXIT:
                 break
-            if later.type == HOOK and later.module == e.module and later.kind == "forward":
+            if later.type == HOOK and later.module == e.module and later.kind == K.forward:
                 other = hook_of(trace, later.hook)
                 if other is not None and other.always_call:
                     still.append(later)
@@ -320,9 +320,9 @@ def registered_during_run(trace: Trace) -> list[Surprise]:
         return []
     fired: dict[int, list[Event]] = defaultdict(list)
     for e in trace.events:
-        if e.type == "hook" and e.hook is not None:
+        if e.type == HOOK and e.hook is not None:
             fired[e.hook].append(e)
-    calls = [c for c in module_calls(trace) if c.phase in ("forward", "recompute") and not c.raised]
+    calls = [c for c in module_calls(trace) if c.phase in (FORWARD, RECOMPUTE) and not c.raised]
     out = []
     for hook in hooks:
         proof = _with_and_without(trace, hook, fired.get(hook.id, []), calls)
@@ -389,13 +389,13 @@ def _output_module(hook: Hook) -> Optional[str]:
 def output_hook_before_backward_pre(trace: Trace) -> list[Surprise]:
     first_pre: dict[tuple[int, str], Event] = {}
     for e in trace.events:
-        if e.type == "hook" and e.kind == "backward_pre" and e.phase == "backward" and e.module is not None:
+        if e.type == HOOK and e.kind == K.backward_pre and e.phase == BACKWARD and e.module is not None:
             first_pre.setdefault((e.step, e.module), e)
     if not first_pre:
         return []
     found: dict[int, list[Event]] = defaultdict(list)
     for e in trace.events:
-        if e.type != "hook" or e.kind not in TENSOR_KINDS:
+        if e.type != HOOK or e.kind not in TENSOR_KINDS:
             continue
         hook = hook_of(trace, e.hook)
         module = _output_module(hook) if hook else None
@@ -407,7 +407,7 @@ def output_hook_before_backward_pre(trace: Trace) -> list[Surprise]:
     out = []
     for hid, events in found.items():
         hook = trace.hook(hid)
-        pre_ids = sorted({ev.hook for ev in events if ev.kind == "backward_pre" and ev.hook is not None})
+        pre_ids = sorted({ev.hook for ev in events if ev.kind == K.backward_pre and ev.hook is not None})
         pres = names(label(trace.hook(p)) for p in pre_ids)
         out.append(
             Surprise(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Optional
 
-from ..kinds import OPTIMIZER_PHASE, TENSOR
+from ..kinds import HOOK, OPTIMIZER_PHASE, TENSOR, K
 from ..schema import ROOT, Event, Hook, Surprise, Trace
 from .calls import calls as module_calls
 from .firings import hook_of, level_of, plural
@@ -27,11 +27,11 @@ def _where(path: Optional[str]) -> str:
 
 def forward_wrapper(trace: Trace) -> list[Surprise]:
     """Forward pre-hooks that ran, in the same module call, before the module's forward wrapper."""
-    wrapper_events = [e for e in trace.events if e.type == "hook" and e.kind == "forward_wrapper"]
+    wrapper_events = [e for e in trace.events if e.type == HOOK and e.kind == K.forward_wrapper]
     if not wrapper_events:
         return []
     calls = [c for c in module_calls(trace) if c.module is not None]
-    pre_events = [e for e in trace.events if e.type == "hook" and e.kind == "forward_pre"]
+    pre_events = [e for e in trace.events if e.type == HOOK and e.kind == K.forward_pre]
     found: dict[tuple[Optional[str], int], tuple[set[int], list[int]]] = {}
     for wrapper in wrapper_events:
         call = next((c for c in calls if c.module == wrapper.module and c.holds(wrapper)), None)
@@ -76,12 +76,12 @@ def _inside(outer: Event, inner: Event) -> bool:
 
 def step_in_grad_hook(trace: Trace) -> list[Surprise]:
     """Optimizer-phase events nested in a parameter's `grad` hook: the step ran before accumulation."""
-    steps = [e for e in trace.events if e.type == "hook" and e.phase == OPTIMIZER_PHASE]
+    steps = [e for e in trace.events if e.type == HOOK and e.phase == OPTIMIZER_PHASE]
     if not steps:
         return []
     grad_events = []
     for e in trace.events:
-        if e.type == "hook" and e.kind == "grad":
+        if e.type == HOOK and e.kind == K.grad:
             hook = hook_of(trace, e.hook)
             if hook is not None and hook.scope == TENSOR and _on_parameter(hook):
                 grad_events.append((e, hook))
@@ -93,7 +93,7 @@ def step_in_grad_hook(trace: Trace) -> list[Surprise]:
     out = []
     for hid, events in found.items():
         hook = trace.hook(hid)
-        n = len({e.seq for e in events if e.kind == "grad"})
+        n = len({e.seq for e in events if e.kind == K.grad})
         out.append(
             Surprise(
                 "step-in-grad-hook",

@@ -33,6 +33,7 @@ import torch
 import torch.autograd.function as autograd_function
 from torch.autograd.graph import saved_tensors_hooks
 
+from ..kinds import K
 from . import sites
 from .views import _is_compiling
 
@@ -53,7 +54,7 @@ def _registering_call(frame: FrameType) -> tuple[str, Any]:
     code_ins = _instructions(frame.f_code)
     at = next((i for i, ins in enumerate(code_ins) if ins.offset == frame.f_lasti), None)
     if at is None:
-        return "node", None
+        return K.node, None
     method = None
     for i in range(at - 1, max(at - 64, -1), -1):
         ins = code_ins[i]
@@ -61,8 +62,8 @@ def _registering_call(frame: FrameType) -> tuple[str, Any]:
             method = i
             break
     if method is None:
-        return "node", None
-    kind = "node_pre" if code_ins[method].argval == "register_prehook" else "node"
+        return K.node, None
+    kind = K.node_pre if code_ins[method].argval == "register_prehook" else K.node
     # the receiver: a name, then attribute reads and constant subscripts
     steps: list[tuple[str, Any]] = []
     i = method - 1

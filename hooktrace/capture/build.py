@@ -9,7 +9,7 @@ from operator import itemgetter
 from typing import Any, Optional
 
 from .. import kinds
-from ..kinds import ENTER, EXIT, HOOK, NODE, TENSOR
+from ..kinds import ENTER, EXIT, GLOBAL, HOOK, MODULE, NODE, TENSOR
 from ..schema import ROOT, Event, Hook, Meta, Module, Surprise, Trace
 
 # The phase of a hook event by kind (kinds.TABLE); None: the phase of the module call it ran in.
@@ -82,7 +82,7 @@ def compiled_calls(trace: Trace, pending: Pending) -> list[Surprise]:
     to_event = _raw_to_event_seqs(pending)
     fired: dict[int, list[int]] = {}
     for e in trace.events:
-        if e.type == "hook" and e.hook is not None:
+        if e.type == HOOK and e.hook is not None:
             fired.setdefault(e.hook, []).append(e.seq)
     out = []
     for path, calls in windows.items():
@@ -91,7 +91,7 @@ def compiled_calls(trace: Trace, pending: Pending) -> list[Surprise]:
         hidden = []
         for h in trace.hooks:
             if h.kind not in _CALL_KINDS or not (
-                h.scope == "global" or (h.scope == "module" and _under(h.module, path))
+                h.scope == GLOBAL or (h.scope == MODULE and _under(h.module, path))
             ):
                 continue
             seqs = fired.get(h.id, ())

@@ -9,7 +9,7 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
 
 from .. import kinds
-from ..kinds import GLOBAL, MODULE, NODE, OPTIMIZER, TENSOR
+from ..kinds import GLOBAL, MODULE, NODE, OPTIMIZER, TENSOR, K
 
 # (attribute, kind) of every hook dict, from the kinds table ("_backward_hooks" is full or legacy by
 # `_is_full_backward_hook`; global ones live on torch.nn.modules.module or torch.optim.optimizer)
@@ -44,26 +44,26 @@ def global_dict(attr: str) -> Optional[dict]:
 def scope_of(owner: Any) -> str:
     """The scope of a hook in a dict owned by `owner` (None: a global dict)."""
     if owner is None:
-        return "global"
-    return "optimizer" if isinstance(owner, torch.optim.Optimizer) else "module"
+        return GLOBAL
+    return OPTIMIZER if isinstance(owner, torch.optim.Optimizer) else MODULE
 
 
 def backward_kind(owner: Any) -> str:
     """`backward` or `backward_legacy` for what a module's (or the global) `_backward_hooks` hold."""
     flag = nn_module._global_is_full_backward_hook if owner is None else owner._is_full_backward_hook
-    return "backward_legacy" if flag is False else "backward"
+    return K.backward_legacy if flag is False else K.backward
 
 
 def kind_of(attr: str, owner: Any) -> str:
     kind = KIND_OF_ATTR[attr]
-    return backward_kind(owner) if kind == "backward" else kind
+    return backward_kind(owner) if kind == K.backward else kind
 
 
 def global_dicts() -> Iterator[HookDict]:
     for attr, _ in GLOBAL_DICTS + GLOBAL_OPTIMIZER_DICTS:
         d = global_dict(attr)
         if d is not None:
-            yield HookDict(d, kind_of(attr, None), None, "global")
+            yield HookDict(d, kind_of(attr, None), None, GLOBAL)
 
 
 def module_dicts(module: Any) -> Iterator[HookDict]:
@@ -71,14 +71,14 @@ def module_dicts(module: Any) -> Iterator[HookDict]:
     for attr, _ in MODULE_DICTS:
         d = md.get(attr)
         if d is not None:
-            yield HookDict(d, kind_of(attr, module), module, "module")
+            yield HookDict(d, kind_of(attr, module), module, MODULE)
 
 
 def tensor_dicts(tensor: Any) -> Iterator[HookDict]:
     for attr, kind in TENSOR_DICTS:
         d = getattr(tensor, attr, None)
         if d is not None:
-            yield HookDict(d, kind, None, "tensor", tensor)
+            yield HookDict(d, kind, None, TENSOR, tensor)
 
 
 def hook_dicts(model: Any) -> Iterator[HookDict]:
@@ -105,14 +105,14 @@ def live_hook_ids(model: Any) -> set[int]:
 def module_flags(owner: Any, kind: str, hook_id: int) -> tuple[bool, bool]:
     """(with_kwargs, always_call) as PyTorch's extra dicts record them."""
     if owner is None:
-        if kind != "forward":
+        if kind != K.forward:
             return False, False
         kw = getattr(nn_module, "_global_forward_hooks_with_kwargs", {})
         always = getattr(nn_module, "_global_forward_hooks_always_called", {})
         return hook_id in kw, hook_id in always
-    if kind == "forward_pre":
+    if kind == K.forward_pre:
         return hook_id in getattr(owner, "_forward_pre_hooks_with_kwargs", {}), False
-    if kind == "forward":
+    if kind == K.forward:
         return (
             hook_id in getattr(owner, "_forward_hooks_with_kwargs", {}),
             hook_id in getattr(owner, "_forward_hooks_always_called", {}),

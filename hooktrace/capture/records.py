@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 from .. import ids
 from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
+from ..kinds import GLOBAL, MODULE, SAVED_TENSORS, TENSOR, K
 from . import dicts, shims, sites
 from .build import Record
 from .tensors import weak
@@ -93,17 +94,15 @@ class HookBook:
         return record
 
     def _new_record(self, tid: int, hid: int, fn: Any, kind: str, owner: Any, scope: str) -> Record:
-        with_kwargs, always_call = (
-            dicts.module_flags(owner, kind, hid) if scope != "tensor" else (False, False)
-        )
+        with_kwargs, always_call = dicts.module_flags(owner, kind, hid) if scope != TENSOR else (False, False)
         record = Record(
             id=tid,
             kind=kind,
             scope=scope,
             owner=None if owner is None else self.rec.who(owner),  # not the module: it may die
-            name=sites.forward_wrapper_name(fn) if kind == "forward_wrapper" else sites.hook_name(fn),
+            name=sites.forward_wrapper_name(fn) if kind == K.forward_wrapper else sites.hook_name(fn),
             defined_at=sites.forward_wrapper_defined_at(fn)
-            if kind == "forward_wrapper"
+            if kind == K.forward_wrapper
             else sites.defined_at(fn),
             with_kwargs=with_kwargs,
             always_call=always_call,
@@ -134,9 +133,9 @@ class HookBook:
             fn,
             record.id,
             kind,
-            owner if scope == "module" else None,
+            owner if scope == MODULE else None,
             # a global hook's module is its first argument; a module hook's is the owner of its view
-            scope == "global" and kind not in _OPTIMIZER_KINDS,
+            scope == GLOBAL and kind not in _OPTIMIZER_KINDS,
         )
         if kind in _STATE_KINDS and hasattr(fn, "_from_public_api"):  # state_dict() reads it
             shim._from_public_api = fn._from_public_api
@@ -226,8 +225,8 @@ class HookBook:
         key = (self.rec.key(module), id(forward))
         entry = self._wrappers.get(key)
         if entry is None or entry[0] is not forward:
-            record = self._synthetic_record(forward, "forward_wrapper", module, "module", None)
-            shim = shims.make_shim(self.rec, forward, record.id, "forward_wrapper", module, False)
+            record = self._synthetic_record(forward, K.forward_wrapper, module, MODULE, None)
+            shim = shims.make_shim(self.rec, forward, record.id, K.forward_wrapper, module, False)
             entry = self._wrappers[key] = (forward, shim)
         return entry[1]
 
@@ -236,8 +235,8 @@ class HookBook:
         entry = self._saved.get(id(ctx))
         if entry is None or entry[0]() is not ctx:
             made = []
-            for kind, fn in (("pack", ctx.pack_hook), ("unpack", ctx.unpack_hook)):
-                record = self._synthetic_record(fn, kind, None, "saved_tensors", site)
+            for kind, fn in ((K.pack, ctx.pack_hook), (K.unpack, ctx.unpack_hook)):
+                record = self._synthetic_record(fn, kind, None, SAVED_TENSORS, site)
                 made.append(shims.make_shim(self.rec, fn, record.id, kind, None, False))
             ref = weak(ctx)
             entry = self._saved[id(ctx)] = (ref if ref is not None else (lambda: ctx), made[0], made[1])
@@ -245,12 +244,12 @@ class HookBook:
 
     def comm_shim(self, ddp: Any, hook: Any, site: Optional[Site], call: Any) -> Any:
         """The recording shim that the DDP reducer calls instead of `hook`."""
-        record = self._synthetic_record(hook, "comm", ddp, "module", site)
-        return shims.make_shim(self.rec, call, record.id, "comm", ddp, False)
+        record = self._synthetic_record(hook, K.comm, ddp, MODULE, site)
+        return shims.make_shim(self.rec, call, record.id, K.comm, ddp, False)
 
     def untraceable(self, fn: Any, kind: str, owner: Any, name: str) -> None:
         """A hook that runs where hooktrace cannot see it (a built-in C++ comm hook): shown, named `name`."""
-        self._synthetic_record(fn, kind, owner, "module", None).name = name
+        self._synthetic_record(fn, kind, owner, MODULE, None).name = name
 
     def unwrap(self, d: dict) -> None:
         """Put the original tensor hooks back, in place (same keys, same order)."""

@@ -21,6 +21,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..io import gc_paused
+from ..kinds import TENSOR, K
 from ..schema import Meta, Module, Surprise, Trace
 from . import autograd, build, comm, dicts, dynamo, optim, registry, shims, sites, views
 from .records import HookBook, Site
@@ -257,7 +258,7 @@ class TraceSession:
             return
         final.seen.add(id(d))
         book = self._book
-        if scope == "tensor":
+        if scope == TENSOR:
             book.unwrap(d)
         for hid, fn in [*d.items()]:  # one read: other threads may still register or remove
             record = book.record(d, hid, fn, kind, owner, scope)
@@ -316,7 +317,7 @@ class TraceSession:
                 if record is not None:
                     record.tensor_desc = self._namer.describe(owner, frame)
                 return
-        if kind == "backward":
+        if kind == K.backward:
             kind = dicts.backward_kind(owner)
         # the record exists from now on, so a hook removed before it could fire is still in the trace
         fn = d.get(handle.id)
@@ -388,7 +389,7 @@ class TraceSession:
         for hd in dicts.hook_dicts(model):
             if not hd.d:
                 continue
-            if hd.scope == "tensor":
+            if hd.scope == TENSOR:
                 for hid in list(hd.d):
                     book.wrap_tensor_hook(hd.d, hid, hd.kind, hd.tensor)
                 book.infer_prepends(hd.d)

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..kinds import NODE, TENSOR, K
 from ..schema import ROOT
 from . import shims
 
@@ -62,9 +63,9 @@ class TensorNamer:
                 hook_id, args, mod = call
                 kind, owner = self._kind_of_hook(hook_id)
                 mod = self._who(mod) if mod is not None else owner if owner is not None else self._who(None)
-                if kind == "forward" and args and _contains(args[-1], tensor):
+                if kind == K.forward and args and _contains(args[-1], tensor):
                     return ("output of", mod)
-                if kind in ("forward", "forward_pre") and len(args) > 1 and _contains(args[1], tensor):
+                if kind in (K.forward, K.forward_pre) and len(args) > 1 and _contains(args[1], tensor):
                     return ("input of", mod)
                 return ("tensor in", mod)
             if frame.f_code in self._run_codes:
@@ -86,12 +87,12 @@ def hook_place(
 ) -> tuple[Optional[str], Optional[str]]:
     """The hook's `module` and `tensor` fields (SPEC §4)."""
     module = paths.get(owner[0]) if owner is not None else None
-    if scope not in ("tensor", "node"):
+    if scope not in (TENSOR, NODE):
         return module, None
     if tensor is not None and id(tensor) in params:
         module, pname = params[id(tensor)]
         return module, (f"{module}.{pname}" if module else pname)
-    if scope == "node":  # named only when the node accumulates a parameter of the model
+    if scope == NODE:  # named only when the node accumulates a parameter of the model
         return None, None
     if desc is not None:
         how, (key, type_name) = desc
@@ -99,7 +100,7 @@ def hook_place(
         if owner_path is None:
             owner_path = type_name
         return module, f"{how} {owner_path or ROOT}"
-    return module, "tensor"
+    return module, TENSOR
 
 
 def _contains(container: Any, tensor: Any) -> bool:

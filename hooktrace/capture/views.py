@@ -202,6 +202,7 @@ def hooktrace_forward(module: Any) -> Any:
     """What `_call_impl`'s copy calls as `forward`: a recording shim when `forward` is the instance's own."""
     viewer = _viewer
     md = module.__dict__
+    # not a kind: "forward" is the attribute
     if viewer is None or "forward" not in md or _is_compiling():
         return module.forward  # not a capture
     if "_orig_mod" in md.get("_modules", ()):  # torch.compile(m)'s own forward (the call is recorded)

@@ -27,6 +27,7 @@ __all__ = [
     "safe_text",
 ]
 
+# not a kind: the tree's options
 TREE_OPTIONS = ("width", "color", "depth", "module", "phase", "expand", "times", "all_surprises")
 
 

@@ -11,6 +11,7 @@ import re
 from typing import Iterable, Optional
 
 from ..analysis.counts import plural  # noqa: F401  (re-exported for the renderers)
+from ..kinds import GLOBAL, OPTIMIZER_PHASE, PHASES, RECOMPUTE
 from ..schema import ROOT, Event, Hook, Meta
 from .safe import safe_text
 
@@ -19,7 +20,7 @@ from .safe import safe_text
 BADGES = {
     "prepend": "prepend",
     "prepend_inferred": "prepend (inferred)",
-    "global": "global",
+    "global": GLOBAL,
     "with_kwargs": "with_kwargs",
     "always_call": "always_call",
     "registered_during_run": "registered during run",
@@ -28,11 +29,9 @@ BADGES = {
 }
 
 PHASE_TITLES = {
-    "forward": "forward",
-    "backward": "backward",
-    "recompute": "recompute (forward again during backward)",
-    "optimizer": "optimizer (optimizer.step)",
-    "other": "other",
+    **{phase: phase for phase in PHASES},
+    RECOMPUTE: "recompute (forward again during backward)",
+    OPTIMIZER_PHASE: "optimizer (optimizer.step)",
 }
 
 WARM_UP = "times include first-call warm-up"
@@ -45,7 +44,7 @@ def badges(h: Optional[Hook], events: Iterable[Event] = ()) -> list[str]:
     if h is not None:
         if h.prepend:
             out.append(BADGES["prepend_inferred" if h.prepend_source == "inferred" else "prepend"])
-        if h.scope == "global":
+        if h.scope == GLOBAL:
             out.append(BADGES["global"])
         if h.with_kwargs:
             out.append(BADGES["with_kwargs"])

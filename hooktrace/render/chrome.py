@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any, Optional
 
 from ..analysis.calls import in_order, pair
+from ..kinds import ENTER, GLOBAL, HOOK
 from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
 from .safe import UNSAFE_CHARS
 
@@ -42,7 +43,7 @@ def _hook_event(e: Event, h: Optional[Hook], pid: int, tid: int) -> dict[str, An
         args.update(
             prepend=h.prepend,
             prepend_source=h.prepend_source,
-            **{"global": h.scope == "global"},
+            **{"global": h.scope == GLOBAL},
             with_kwargs=h.with_kwargs,
             always_call=h.always_call,
             defined_at=h.defined_at,
@@ -120,10 +121,10 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
         )
     exits_with_enter = {c.exit for c in by_enter.values()}
     for e in events:
-        if e.type == "hook":
+        if e.type == HOOK:
             hook = hooks.get(e.hook) if e.hook is not None else None
             out.append(_hook_event(e, hook, pid, tids[e.thread]))
-        elif e.type == "enter":
+        elif e.type == ENTER:
             call = by_enter.get(e.seq)
             end = by_seq[call.end] if call is not None and call.end is not None else None
             own = call is not None and call.exit is not None

@@ -22,7 +22,8 @@ from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
 from ..kinds import FAMILIES as KIND_FAMILIES
-from ..kinds import TABLE
+from ..kinds import GLOBAL as GLOBAL_SCOPE
+from ..kinds import OPTIMIZER_PHASE, RECOMPUTE, TABLE
 from ..schema import Event, Trace, is_internal_error
 from .badges import (
     badges,
@@ -64,7 +65,7 @@ MORE = {
     "fontcolor": "#444444",
 }
 MAX_TEXT = 70
-PHASE_SHORT = {"recompute": "recompute", "optimizer": "optimizer"}  # long titles go to the legend
+PHASE_SHORT = {RECOMPUTE: RECOMPUTE, OPTIMIZER_PHASE: OPTIMIZER_PHASE}  # long titles go to the legend
 PHASE_NOTES = {
     "recompute": "forward again during backward (checkpoint)",
     "optimizer": "inside optimizer.step()",
@@ -113,7 +114,7 @@ class _Emitter:
     def fire_node(self, g: graphviz.Digraph, events: list[Event], parent: Optional[str]) -> None:
         e, last = events[0], events[-1]
         h = self.hook_of(e.hook)
-        kind = e.kind or (h.kind if h else "hook")
+        kind = e.kind or (h.kind if h else "hook")  # not a kind: the word for an unknown one
         head = f"{kind}  #{e.seq}"
         if len(events) > 1:
             head += f"…#{last.seq}  ×{len(events)}"
@@ -134,11 +135,11 @@ class _Emitter:
             lines.append(_esc("surprise: " + ", ".join(dict.fromkeys(rules))))
         family = FAMILY_OF.get(kind)
         attrs = {"fillcolor": FAMILIES[family][0] if family else OTHER_FILL}
-        self.used.add(family or "other")
+        self.used.add(family or "other")  # not a kind: the family of kinds without one
         self.kinds.add(kind)
-        if h is not None and h.scope == "global":
+        if h is not None and h.scope == GLOBAL_SCOPE:
             attrs.update(GLOBAL)
-            self.used.add("global")
+            self.used.add(GLOBAL_SCOPE)
         if h is not None and h.prepend:
             attrs.update(PREPEND)
             self.used.add("prepend")
@@ -247,11 +248,11 @@ class _Emitter:
             if fam in self.used:
                 drawn = [k for k in kinds if k in self.kinds] or list(kinds)
                 entries.append(((", ".join(drawn), text), {"fillcolor": fill}))
-        if "other" in self.used:
+        if "other" in self.used:  # not a kind: the family of kinds without one
             entries.append((("other kinds", "state-dict, registration hooks"), {"fillcolor": OTHER_FILL}))
         extra = [
             ("prepend", ("prepend", "registered with prepend=True, or proven first"), PREPEND),
-            ("global", ("global", "global module hook (every module)"), GLOBAL),
+            (GLOBAL_SCOPE, (GLOBAL_SCOPE, "global module hook (every module)"), GLOBAL),
             ("error", ("error", "the hook or module raised"), ERROR),
             ("stopped", ("stopped by PyTorch", "its own caught exception"), STOPPED),
             ("group", ("dashed box", "a module's hooks in backward"),

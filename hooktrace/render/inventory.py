@@ -15,7 +15,7 @@ from .safe import safe_text as _s  # names from user code and files: no control 
 def flags(hook: Hook) -> str:
     words = []
     if hook.scope == GLOBAL:
-        words.append("global")
+        words.append(GLOBAL)
     if hook.prepend:
         words.append("prepend" if hook.prepend_source != "inferred" else "prepend (inferred)")
     if hook.with_kwargs:

@@ -24,7 +24,7 @@ from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
 from ..io import gc_paused
-from ..kinds import PHASES, TABLE
+from ..kinds import ENTER, HOOK, PHASES, TABLE
 from ..options import UsageError, module_path
 from ..schema import Event, Trace, is_internal_error
 from .badges import (
@@ -93,7 +93,7 @@ class _Drawer:
         h = self.hook_of(e.hook)
         head = Text()
         head.append(f"#{e.seq} ", style="dim")
-        kind = safe_text(e.kind or (h.kind if h else "hook"))
+        kind = safe_text(e.kind or (h.kind if h else "hook"))  # not a kind: the word for an unknown one
         head.append(kind.ljust(KIND_WIDTH), style=KIND_STYLES.get(kind, "white"))
         head.append(" ")
         head.append(hook_name(h, e.hook), style="bold")
@@ -260,7 +260,7 @@ class TreeView:
         if self.empty is not None:
             yield Text(self.empty, style="bold")
         elif not self.calltree.steps:
-            calls = sum(1 for e in self.calltree.events if e.type == "enter")
+            calls = sum(1 for e in self.calltree.events if e.type == ENTER)
             yield Text(
                 f"No hooks fired ({plural(calls, 'module call')} traced, none ran a hook).", style="bold"
             )
@@ -381,7 +381,7 @@ def _relevant(trace: Trace, kept: list[Event], filtered: bool) -> list[Any]:
     if not filtered:
         return list(trace.surprises)
     seqs = {e.seq for e in kept}
-    hook_ids = {e.hook for e in kept if e.type == "hook"}
+    hook_ids = {e.hook for e in kept if e.type == HOOK}
     return [s for s in trace.surprises
             if any(q in seqs for q in s.events) or (not s.events and any(h in hook_ids for h in s.hooks))]  # fmt: skip
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 from ..analysis.surprises import find_surprises
 from ..capture.session import TraceSession
 from ..inputs import Prepared, coerce_result, compute_loss, prepare, resolve_device
+from ..kinds import BACKWARD, FORWARD, HOOK, OPTIMIZER_PHASE
 from ..options import RunOptions, UsageError
 from ..schema import Trace
 from ..target import Factory
@@ -140,12 +141,12 @@ def prepared_inputs_rejected(
 ) -> bool:
     """The generated `--input` tensors did not fit: the exception came out of the model's own code
     (not a hook) during the first forward call. Decided by where it was raised, not by its words."""
-    if not options.input_shapes or progress.step != 0 or progress.stage != "forward":
+    if not options.input_shapes or progress.step != 0 or progress.stage != FORWARD:
         return False
     if not isinstance(exception, Exception):
         return False
     event = failing_event(trace, exception)
-    return event is None or event.type != "hook"
+    return event is None or event.type != HOOK
 
 
 def _rejected_message(
@@ -186,7 +187,7 @@ def _float_dtype_mismatch(prepared: Prepared) -> Optional[tuple[str, str]]:
 
 
 def _step(prepared: Prepared, backward: bool, notes: list[str], progress: _Progress) -> None:
-    progress.stage = "forward"
+    progress.stage = FORWARD
     output = prepared.model(*prepared.inputs.args, **prepared.inputs.kwargs)
     if not backward:
         if prepared.optimizer is not None and "optimizer step skipped (--no-backward)" not in notes:
@@ -201,10 +202,10 @@ def _step(prepared: Prepared, backward: bool, notes: list[str], progress: _Progr
         if note not in notes:
             notes.append(note)
         return
-    progress.stage = "backward"
+    progress.stage = BACKWARD
     loss.backward()
     if prepared.optimizer is not None:
-        progress.stage = "optimizer"
+        progress.stage = OPTIMIZER_PHASE
         prepared.optimizer.step()
         prepared.optimizer.zero_grad()
 

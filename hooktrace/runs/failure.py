@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..kinds import EXIT, HOOK, MODULE
 from ..schema import Event, Hook, Trace, is_internal_error
 
 
@@ -19,13 +20,13 @@ def failing_event(trace: Trace, exception: Optional[BaseException] = None) -> Op
     Events whose error matches the exception that ended the run are preferred, so an exception the
     model raised and caught itself earlier does not take the blame.
     """
-    errored = [e for e in trace.events if e.error and not (e.type == "exit" and is_internal_error(e.error))]
+    errored = [e for e in trace.events if e.error and not (e.type == EXIT and is_internal_error(e.error))]
     if exception is not None:
         text = f"{type(exception).__name__}: {exception}"
         matching = [e for e in errored if e.error == text]
         errored = matching or errored
     for e in errored:
-        if e.type in ("hook", "exit"):
+        if e.type in (HOOK, EXIT):
             return e
     return None
 
@@ -37,13 +38,13 @@ def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
     if event is None:
         return f"the run raised {exc_text} outside any traced module or hook"
     error = exc_text or event.error
-    if event.type == "hook" and event.hook is not None:
+    if event.type == HOOK and event.hook is not None:
         try:
             hook: Optional[Hook] = trace.hook(event.hook)
         except KeyError:
             hook = None
         name = hook.name if hook else f"#{event.hook}"
-        scope = f"{hook.scope} " if hook and hook.scope != "module" else ""
+        scope = f"{hook.scope} " if hook and hook.scope != MODULE else ""
         of = f" of {_module_words(event.module)}" if event.module is not None else ""
         return f"{scope}{event.kind} hook {name} raised {error} in {event.phase}{of} (event #{event.seq}, step {event.step})"
     where = f"(event #{event.seq}, step {event.step})"
