@@ -18,7 +18,8 @@ from typing import Any, Optional, Union
 from .analysis.diff import TraceDiff, diff_traces
 from .io import read_bytes
 from .render.order import OrderFormatError, is_order_text, order_lines, order_text, parse_order
-from .schema import Trace, TraceFormatError, load
+from .schema import Trace, TraceFormatError
+from .validate import load
 
 __all__ = [
     "OrderFormatError",

@@ -23,16 +23,13 @@ FLOORS: list[tuple[str, ...]] = [
     ("analysis", "capture"),  # pure functions of a Trace | the only code that touches torch's hooks
     ("render", "runs"),  # renderers | drivers over one capture
     ("ranks",),  # one run per rank
+    ("compare",),  # traces and order files side by side (`diff`, `assert_order`)
     ("hooktrace",),  # the public API (hooktrace/__init__.py)
     ("cli",),
     ("__main__",),
 ]
 FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}
 MAX_LINES = 500
-# Files over the limit while their split is under way elsewhere: path -> (lines allowed, who splits it)
-SPLITTING = {
-    "hooktrace/analysis/diff.py": (510, "issue 22 item 6: its LCS routines become one (pytest-order)")
-}
 
 
 def module_name(path: Path) -> str:
@@ -152,5 +149,5 @@ def test_the_circle_finder_and_the_import_reader_work() -> None:
 def test_files_are_small_enough_to_read() -> None:
     """A file past the limit has a second responsibility to move out, not lines to squeeze."""
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    long = {p: n for p, n in sizes.items() if n > SPLITTING.get(p, (MAX_LINES, ""))[0]}
+    long = {p: n for p, n in sizes.items() if n > MAX_LINES}
     assert not long, long

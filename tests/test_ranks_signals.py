@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hooktrace.ranks import DIED, OK, run_ranks
-from hooktrace.schema import load
+from hooktrace.validate import load
 
 KILLED = """
 import os

@@ -28,6 +28,7 @@ FLAGS = ("prepend", "with_kwargs", "always_call", "registered_during_run")
 # "interleaving": each module's calls of each kind are the same, but not in the same order overall;
 # "returned" / "error": the same calls, but a hook replaced a value or raised in one trace only.
 # "module": a hook fired for another module than expected (as often), e.g. hooks swapped across modules.
+# not a kind: the names of changes
 CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flags", "module", "interleaving",
            "returned", "error")  # fmt: skip
 
@@ -422,7 +423,7 @@ def _across_modules(ranked: list[tuple[int, int, Difference, str]]) -> list[tupl
             added.remove(twin)
             new = twin[2].module
             detail = f"{d.hook} fired for module {new or ROOT!r} instead of {d.module or ROOT!r} ({d.calls}×)"
-            m = replace(d, change="module", detail=detail)
+            m = replace(d, change="module", detail=detail)  # not a kind: a change
             merged[id(r)] = (min(r[0], twin[0]), r[1], m, str(m))
             merged[id(twin)] = None  # type: ignore[assignment]
     return [merged.get(id(r), r) for r in ranked if not (id(r) in merged and merged[id(r)] is None)]

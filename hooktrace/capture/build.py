@@ -9,7 +9,7 @@ from operator import itemgetter
 from typing import Any, Optional
 
 from .. import kinds
-from ..kinds import ENTER, EXIT, GLOBAL, HOOK, MODULE, NODE, TENSOR
+from ..kinds import ENTER, EXIT, GLOBAL, HOOK, MODULE, NODE, TENSOR, K
 from ..schema import ROOT, Event, Hook, Meta, Module, Surprise, Trace
 
 # The phase of a hook event by kind (kinds.TABLE); None: the phase of the module call it ran in.
@@ -58,10 +58,8 @@ def build_trace(pending: Pending) -> Trace:
 
 
 # Kinds that run around a module call: under torch.compile, inside the compiled code or as Python.
-_CALL_KINDS = frozenset(
-    {"forward_pre", "forward", "forward_wrapper", "backward_pre", "backward", "backward_legacy"}
-)
-_FORWARD_KINDS = frozenset({"forward_pre", "forward", "forward_wrapper"})
+_CALL_KINDS = frozenset((*kinds.MODULE_KINDS, K.forward_wrapper))
+_FORWARD_KINDS = frozenset((*kinds.FORWARD_KINDS, K.forward_wrapper))
 
 
 def compiled_calls(trace: Trace, pending: Pending) -> list[Surprise]:

@@ -46,7 +46,7 @@ MODULE_WIDTH = 12  # likewise module paths up to 11 characters
 # badge -> the hook or event flag it stands for, in the order they are written. `prepend` is one
 # word however it was known (registered with prepend=True, or inferred from its position): how it
 # was known depends on when the hook was registered, not on the order.
-_HOOK_BADGES = ("prepend", "global", "with_kwargs", "always_call", "registered_during_run")
+_HOOK_BADGES = ("prepend", GLOBAL, "with_kwargs", "always_call", "registered_during_run")
 _EVENT_BADGES = ("returned", "error")
 _WORDS = {BADGES[b]: b for b in _HOOK_BADGES + _EVENT_BADGES}
 _WORDS[BADGES["prepend_inferred"]] = "prepend"
@@ -138,7 +138,7 @@ def _raised(e: Event) -> bool:
 
 
 def _hook_flag(h: Hook, badge: str) -> bool:
-    return h.scope == GLOBAL if badge == "global" else bool(getattr(h, badge))
+    return h.scope == GLOBAL if badge == GLOBAL else bool(getattr(h, badge))
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ def parse_order(text: str) -> Trace:
             raise OrderFormatError(f"line {number}: {exc}: {_token(raw[:80])}") from None
         known = hooks.setdefault(key, hook)
         for flag in _HOOK_BADGES:
-            if flag != "global" and getattr(hook, flag):
+            if flag != GLOBAL and getattr(hook, flag):
                 setattr(known, flag, True)
         events.append(event._replace(seq=len(events)))
         fired.append(key)
@@ -260,13 +260,13 @@ def _parse_line(line: str) -> tuple[tuple, Hook, Event]:
         if word not in ("on", "of", "scope") or not rest or word in qualifiers:
             raise OrderFormatError(f"unexpected {_token(_text(word))} after the hook's name")
         qualifiers[word] = rest.pop(0)
-    scope = _text(qualifiers["scope"]) if "scope" in qualifiers else _scope_of(kind, "global" in flags)
+    scope = _text(qualifiers["scope"]) if "scope" in qualifiers else _scope_of(kind, GLOBAL in flags)
     tensor = _text(qualifiers["on"]) if "on" in qualifiers else None
     owner = _module(qualifiers["of"]) if "of" in qualifiers else _owner_of(scope, module)
     name = _text(name)
     hook = Hook(0, kind, scope, module=owner, tensor=tensor, name=name)
     for flag in _HOOK_BADGES:
-        if flag != "global" and flag in flags:
+        if flag != GLOBAL and flag in flags:
             setattr(hook, flag, True)
     if hook.prepend:
         hook.prepend_source = "registration"
