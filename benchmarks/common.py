@@ -105,7 +105,7 @@ def _overhead_rows(
     quick: bool,
 ) -> list[Row]:
     """Two rows: steps inside an open trace (the capture's cost per step), and a whole `with
-    hooktrace.trace()` block around one step (install, inventory, the final walk: the session's).
+    hooktrace.trace()` block around one step (install, recording the hooks held, the final walk: the session's).
 
     The step row's samples are `reps` consecutive steps each (untraced, or inside one fresh trace),
     so that one sample lasts long enough for this VM's millisecond hiccups to average out; its pairs

@@ -41,7 +41,7 @@ __version__ = "0.1.0"
 def trace(model: Optional[Any] = None, *, target: Optional[str] = None) -> TraceSession:
     """Trace every hook that fires inside the `with` block.
 
-    `model` names module paths and has its pre-existing hooks inventoried. It may be None and
+    `model` names module paths and has the hooks it already holds recorded. It may be None and
     given later with `session.attach(model)` (the CLI calls the factory inside the capture).
     """
     from .analysis.surprises import find_surprises

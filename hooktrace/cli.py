@@ -424,15 +424,15 @@ def hooks(
         from .target import load_factory
 
         factory = load_factory(target)
-        from .analysis.inventory import firing_order, group_modules
-        from .render.inventory import inventory_text
-        from .runs.factory import inventory
+        from .analysis.listing import firing_order, group_modules
+        from .render.listing import listing_text
+        from .runs.factory import held_hooks
 
-        found = inventory(factory)
+        found = held_hooks(factory)
     except UsageError as exc:
         _fail(exc, traceback)
     groups = group_modules(firing_order(found.trace, found.live), collapse=not expand)
-    _console(highlight=False).print(inventory_text(found.trace, groups, found.live))
+    _console(highlight=False).print(listing_text(found.trace, groups, found.live))
 
 
 @app.command()

@@ -38,7 +38,7 @@ INFLATE_CAP = 2 << 30
 READ_CAP = INFLATE_CAP
 _READ_CHUNK = 1 << 20
 _STRICT = {"strict": True} if sys.version_info >= (3, 10) else {}  # zip() checks the rows' lengths
-_TRANSPOSE_ROWS = 4096  # measured on 1M events: 0.34 s against 0.43 s for zip(*rows) at once
+_TRANSPOSE_ROWS = 4096  # rows transposed at a time: faster than zip(*rows) at once (benchmarks/README.md)
 SHORT = 60  # characters of a value from a file echoed in an error message
 
 
@@ -266,8 +266,8 @@ def to_columns(
 
 def columns_json(rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]) -> list[bytes]:
     """Chunks of exactly the bytes `dumps(to_columns(rows, fields, indexed))` makes, without whole
-    columns: orjson writes each slice of each column (a fifth less time than building the columns
-    for 1M events, and the 52 MB are never copied into one piece)."""
+    columns: orjson writes each slice of each column, so no column is built and the document is
+    never copied into one piece."""
     slices, tables = _transposed(rows, fields, indexed)
     chunks = [b'{"count":%d,"columns":{' % len(rows)]
     for i, (name, parts) in enumerate(zip(fields, slices)):
@@ -363,8 +363,7 @@ def lookup(table: list[Any]) -> dict[Any, Any]:
 
 def decode(column: list[Any], table: list[Any]) -> Sequence[Any]:
     """The values a column of checked indices (ints, never bools, or null) stands for, looked up in
-    one itemgetter call (a tenth less time than map() for 1M events); KeyError for an index outside
-    the table."""
+    one itemgetter call (faster than map()); KeyError for an index outside the table."""
     known = lookup(table)
     return operator.itemgetter(*column)(known) if len(column) > 1 else [known[v] for v in column]
 
@@ -455,11 +454,11 @@ def _fsync_folder(folder: str) -> None:
 @contextlib.contextmanager
 def gc_paused(long_lived: bool = False) -> Iterator[None]:
     """Pause the cyclic GC: building or reading millions of small acyclic containers otherwise makes
-    it rescan the whole heap again and again (several times slower on large traces).
+    it rescan the whole heap again and again.
 
     `long_lived`: what the block made lives on (a loaded trace). When that is over 50,000 containers
-    they go straight to the oldest generation (gc.freeze + gc.unfreeze: two list splices), not
-    through two young passes (0.2-0.4 s for 1M events); not when the process froze objects itself."""
+    they go straight to the oldest generation (gc.freeze + gc.unfreeze: two list splices), sparing
+    them two young-generation passes; not when the process froze objects itself."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -69,7 +69,7 @@ EVENT_FIELDS = Event._fields
 
 @dataclass
 class Hook:
-    """Every hook seen: registered before the run (inventoried) or during it (intercepted)."""
+    """Every hook seen: held by the model when traced (found in its dicts) or registered during it (intercepted)."""
 
     id: int
     kind: str

@@ -434,7 +434,7 @@ RULES: dict[str, Callable[[Trace], list[Surprise]]] = {
     "hook-error": hook_error,
     "registered-during-run": registered_during_run,
     "output-hook-before-backward-pre": output_hook_before_backward_pre,
-    "forward-wrapper": forward_wrapper,  # issue 16: beyond SPEC §4's table
+    "forward-wrapper": forward_wrapper,  # beyond SPEC §4's table: a whole training step's rules
     "step-in-grad-hook": step_in_grad_hook,
 }
 

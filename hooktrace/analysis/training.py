@@ -1,4 +1,4 @@
-"""Surprises of a whole training step (issue 16): forward wrappers and optimizer steps vs hooks.
+"""Surprises of a whole training step: forward wrappers and optimizer steps vs hooks.
 
 - `forward-wrapper`: a module's `forward` was replaced on the instance (accelerate's `cpu_offload` /
   `dispatch_model`, nnsight). PyTorch runs the forward pre-hooks before that wrapper and the forward

@@ -101,7 +101,7 @@ class TraceSession:
             with gc_paused():
                 self._install()
                 if self._model is not None:
-                    self._inventory(self._model)
+                    self._record_held(self._model)
         except BaseException:
             self._finish()
             raise
@@ -115,7 +115,7 @@ class TraceSession:
         self._model = model
         if self._active:
             with gc_paused():
-                self._inventory(model)
+                self._record_held(model)
 
     def mark_step(self) -> None:
         """Start the next step: later events carry `step + 1`."""
@@ -362,7 +362,7 @@ class TraceSession:
             if self._active:
                 comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call))
 
-    # -- inventory -----------------------------------------------------------------------
+    # -- hooks the model holds --------------------------------------------------------------
     def _path_of(self, module: Any) -> Optional[str]:
         """The module's path in the model now (or None); paths are kept by key, the module is not."""
         key = self._rec.key(module)
@@ -373,7 +373,7 @@ class TraceSession:
             path = self._paths.get(key)
         return path
 
-    def _inventory(self, model: Any) -> None:
+    def _record_held(self, model: Any) -> None:
         """Record every hook the model and the global dicts hold now, and make their shims."""
         if isinstance(model, torch.nn.Module):
             for path, module in _named_modules(model):

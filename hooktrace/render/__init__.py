@@ -57,7 +57,7 @@ RENDERERS: dict[str, Renderer] = {
     for r in (
         Renderer("tree", ".txt", False, "rich tree of phases, module calls and hooks", ".tree:tree_text",
                  TREE_OPTIONS),
-        Renderer("json", ".json", False, "the trace format v1, readable by hooktrace render/diff",
+        Renderer("json", ".json", False, "the trace format (version 2), readable by hooktrace render/diff",
                  f"{__name__}:_json_text"),
         Renderer("dot", ".dot", False, "Graphviz DOT source: clusters per phase and module call",
                  ".dot:dot_source", ("expand",)),

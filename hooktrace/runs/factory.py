@@ -1,7 +1,8 @@
 """Drive a run: call the factory inside the capture, then forward, backward and the optimizer step
 for N steps; stop cleanly on SIGINT / SIGTERM.
 
-Also the hook inventory for `hooktrace hooks`: the factory is called inside a capture, nothing runs.
+Also the hooks a factory leaves registered, for `hooktrace hooks`: the factory is called inside a
+capture, nothing runs.
 """
 
 from __future__ import annotations
@@ -210,21 +211,21 @@ def _step(prepared: Prepared, backward: bool, notes: list[str], progress: _Progr
         prepared.optimizer.zero_grad()
 
 
-# -- inventory (`hooktrace hooks`) ----------------------------------------------------------------
+# -- held hooks (`hooktrace hooks`) --------------------------------------------------------------
 
 
 @dataclass
-class Inventory:
+class HeldHooks:
     """The hooks a factory left registered: its trace, and the ids still in PyTorch's dicts."""
 
     trace: Trace
     live: set[int]
 
 
-def inventory(factory: Factory) -> Inventory:
+def held_hooks(factory: Factory) -> HeldHooks:
     """Call the factory inside a capture, without running the model; the trace holds every hook."""
     with TraceSession(target=factory.spec, analyse=find_surprises) as t:
         target = coerce_result(_call_factory(factory), factory.label)
         t.attach(target.model)
         t.set_meta(target=factory.spec, steps=0)
-    return Inventory(t.trace, t.held_ids)  # trace ids: a deep copy's hooks have their own
+    return HeldHooks(t.trace, t.held_ids)  # trace ids: a deep copy's hooks have their own

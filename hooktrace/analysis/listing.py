@@ -14,7 +14,7 @@ from ..schema import Hook, Trace
 
 
 @dataclass
-class InventoryRow:
+class ListingRow:
     """The hooks of one kind that fire for one module (or one tensor), in firing order."""
 
     module: str
@@ -28,11 +28,11 @@ class ModuleHooks:
     """One module's rows, and the other modules (e.g. layers 1..11) whose hooks are the same."""
 
     module: str
-    rows: list[InventoryRow]
+    rows: list[ListingRow]
     same: list[str] = field(default_factory=list)
 
 
-def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[InventoryRow]:
+def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[ListingRow]:
     """Per module (named_modules order), per kind: global hooks first, then the module's dict order.
 
     Global hooks fire for every module; they are listed with the modules that have hooks of their own
@@ -44,7 +44,7 @@ def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[Inventor
     for h in hooks_now:
         if h.scope == GLOBAL:
             globals_by_kind.setdefault(h.kind, []).append(h)
-    rows: list[InventoryRow] = []
+    rows: list[ListingRow] = []
     paths = [m.path for m in trace.modules]
     known = set(paths)
     paths += sorted({h.module for h in hooks_now if h.module is not None and h.module not in known})
@@ -53,13 +53,13 @@ def firing_order(trace: Trace, live: Optional[set[int]] = None) -> list[Inventor
         for kind in KINDS:
             mine = [h for h in own if h.kind == kind]
             if mine:
-                rows.append(InventoryRow(path, kind, globals_by_kind.get(kind, []) + mine))
+                rows.append(ListingRow(path, kind, globals_by_kind.get(kind, []) + mine))
         tensors: dict[tuple[str, str], list[Hook]] = {}
         for h in hooks_now:
             if h.scope == TENSOR and h.module == path:
                 tensors.setdefault((h.tensor or "?", h.kind), []).append(h)
         for (tensor, kind), hooks in tensors.items():
-            rows.append(InventoryRow(path, kind, hooks, tensor=tensor))
+            rows.append(ListingRow(path, kind, hooks, tensor=tensor))
     return rows
 
 
@@ -73,10 +73,10 @@ def _same_hook(h: Hook) -> tuple:
             h.defined_at, h.registered_at, h.registered_by, h.id if copied is not None else None)  # fmt: skip
 
 
-def group_modules(rows: list[InventoryRow], collapse: bool = True) -> list[ModuleHooks]:
+def group_modules(rows: list[ListingRow], collapse: bool = True) -> list[ModuleHooks]:
     """Rows per module; with `collapse`, modules whose path differs only in numbers (layers.0, layers.1)
     and whose hooks are the same are folded into the first one."""
-    per_module: dict[str, list[InventoryRow]] = {}
+    per_module: dict[str, list[ListingRow]] = {}
     for row in rows:
         per_module.setdefault(row.module, []).append(row)
     groups: list[ModuleHooks] = []

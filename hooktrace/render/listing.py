@@ -1,10 +1,10 @@
-"""Drawing the `hooktrace hooks` listing (analysis/inventory.py decides what is in it)."""
+"""Drawing the `hooktrace hooks` listing (analysis/listing.py decides what is in it)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..analysis.inventory import ModuleHooks
+from ..analysis.listing import ModuleHooks
 from ..ids import copy_of
 from ..kinds import GLOBAL
 from ..schema import ROOT, Hook, Trace
@@ -25,7 +25,7 @@ def flags(hook: Hook) -> str:
     return " ".join(f"[{w}]" for w in words)
 
 
-def inventory_text(trace: Trace, groups: list[ModuleHooks], live: set[int]) -> Any:
+def listing_text(trace: Trace, groups: list[ModuleHooks], live: set[int]) -> Any:
     """The listing as a rich Text: per module (the root is `<root>`, as in the tree), per kind, the
     hooks in firing order with where they are defined and registered."""
     from rich.text import Text

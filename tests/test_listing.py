@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 from rich.console import Console
 
-from hooktrace.analysis.inventory import firing_order, group_modules
-from hooktrace.render.inventory import inventory_text
-from hooktrace.runs.factory import inventory
+from hooktrace.analysis.listing import firing_order, group_modules
+from hooktrace.render.listing import listing_text
+from hooktrace.runs.factory import held_hooks
 from hooktrace.schema import ROOT
 from hooktrace.target import Factory
 from tests.oracle import Zoo
@@ -32,14 +32,14 @@ def test_listed_order_is_the_firing_order_and_the_root_is_spelled_as_in_the_tree
         kept["model"] = m
         return m, torch.randn(1, 3)
 
-    found = inventory(Factory(spec="test:make", func=make, label="make()"))
+    found = held_hooks(Factory(spec="test:make", func=make, label="make()"))
     rows = firing_order(found.trace, found.live)
     listed = [zoo.labels[h.id] for row in rows for h in row.hooks]
     kept["model"](torch.randn(1, 3))  # PyTorch fires them now: the hooks record their own order
     assert listed == zoo.log == ["root_pre", "b_prepended", "a", "c", "e_prepended", "d"]
     groups = group_modules(rows)
     console = Console(width=120, color_system=None, record=True, file=open("/dev/null", "w"))
-    console.print(inventory_text(found.trace, groups, found.live))
+    console.print(listing_text(found.trace, groups, found.live))
     text = console.export_text()
     assert f"\n{ROOT}  Sequential" in text and "(root)" not in text
     assert "1. hook_b_prepended  [prepend]" in text and "[always]" in text
