@@ -385,7 +385,7 @@ class TraceSession:
                 self.comm_hook(ddp, hook, None)
             builtin = comm.builtin_hook(ddp)
             if builtin is not None:
-                book.untraceable(None, "comm", ddp, f"{builtin} (built-in)")
+                book.untraceable(None, K.comm, ddp, f"{builtin} (built-in)")
         for hd in dicts.hook_dicts(model):
             if not hd.d:
                 continue
