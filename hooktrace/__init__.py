@@ -44,10 +44,11 @@ def trace(model: Optional[Any] = None, *, target: Optional[str] = None) -> Trace
     `model` names module paths and has the hooks it already holds recorded. It may be None and
     given later with `session.attach(model)` (the CLI calls the factory inside the capture).
     """
+    from .analysis.counts import summary
     from .analysis.surprises import find_surprises
     from .capture import TraceSession
 
-    return TraceSession(model, target=target, analyse=find_surprises)
+    return TraceSession(model, target=target, analyse=find_surprises, describe=summary)
 
 
 def diff(a: Any, b: Any) -> TraceDiff:

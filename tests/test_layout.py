@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("ranks",),  # one run per rank
     ("compare",),  # traces and order files side by side (`diff`, `assert_order`)
     ("hooktrace",),  # the public API (hooktrace/__init__.py)
-    ("cli",),
+    ("cli", "pytest_plugin"),  # the commands; the `hook_order` fixture
     ("__main__",),
 ]
 FLOOR = {room: n for n, rooms in enumerate(FLOORS) for room in rooms}

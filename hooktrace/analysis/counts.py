@@ -28,7 +28,7 @@ from ..kinds import ENTER, HOOK
 from ..schema import Event, Trace
 from .identity import identity
 
-__all__ = ["Counts", "count", "plural"]
+__all__ = ["Counts", "count", "plural", "summary"]
 
 
 def plural(n: int, one: str, many: Optional[str] = None) -> str:
@@ -110,3 +110,8 @@ def _place_unfired(unfired: set[int], fired: dict[int, set[int]], first_step: in
         i = bisect.bisect_left(rows, (hook_id,))
         placed[hook_id] = {rows[i - 1][1] if i else first_step}
     return placed
+
+
+def summary(trace: Trace) -> str:
+    """The counts every rendering shows, and the surprises: a session's repr."""
+    return f"{count(trace).phrase()}, {plural(len(trace.surprises), 'surprise')}"

@@ -54,12 +54,15 @@ class TraceSession:
         *,
         target: Optional[str] = None,
         analyse: Optional[Callable[..., list[Surprise]]] = None,
+        describe: Optional[Callable[[Trace], str]] = None,
     ) -> None:
         """`analyse(trace, deleted=ids)`: surprises to add to the capture's own when the trace is built
-        (ids: hooks their own code took out of their dict; the API and the drivers pass
-        `analysis.surprises.find_surprises`: the capture analyses nothing)."""
+        (ids: hooks their own code took out of their dict); `describe(trace)`: the counts the
+        session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
+        `analysis.counts.summary`: the capture analyses nothing."""
         self._model = model
         self._analyse = analyse
+        self._describe = describe
         self._meta = Meta(target=target)
         self._meta_overrides: dict[str, Any] = {}
         self._trace: Optional[Trace] = None
@@ -162,11 +165,14 @@ class TraceSession:
             return "<hooktrace session: recording; the trace is ready when the `with` block ends>"
         if self._trace is None and self._pending is None:
             return "<hooktrace session: not started; use it as `with hooktrace.trace(model) as t:`>"
-        from ..analysis.counts import count, plural
-
         trace = self.trace
         target = f" {trace.meta.target}" if trace.meta.target else ""
-        return f"<hooktrace session{target}: {count(trace).phrase()}, {plural(len(trace.surprises), 'surprise')}>"
+        what = (
+            self._describe(trace)
+            if self._describe
+            else f"{len(trace.hooks)} hooks, {len(trace.events)} events"
+        )
+        return f"<hooktrace session{target}: {what}>"
 
     def save(self, path: str) -> None:
         self.trace.save(path)
