@@ -20,20 +20,20 @@ import typer
 from .options import (
     PHASE_CHOICES,
     ROOT_LABEL,
-    VIEW_FLAGS,
     RunOptions,
     UsageError,
     cli_option,
-    module_path,
     view_options,
 )
+from .outputs import console as _console
+from .outputs import output as _output
+from .outputs import stderr_line as _stderr
 from .render import RENDERERS
 
 if TYPE_CHECKING:
     from .compare import Side
     from .schema import Trace
 
-PIPE_WIDTH = 120
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 FORMATS = tuple(RENDERERS)  # the renderer registry's names
 
@@ -106,11 +106,6 @@ def _safe(message: str) -> str:
     return "\n".join(safe_text(line) for line in message.split("\n"))
 
 
-def _stderr(message: str) -> None:
-    """A diagnostic line; text from names, paths and files in it shows control characters escaped."""
-    print(_safe(message), file=sys.stderr, flush=True)
-
-
 def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
     """Exit 2 with one `error:` line (and the traceback when asked)."""
     if show_traceback:
@@ -120,90 +115,6 @@ def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
         message = message.replace(" (--traceback shows where)", "")
     _stderr(f"error: {message}")
     raise typer.Exit(EXIT_USAGE)
-
-
-def _console(**options: Any) -> Any:
-    """A rich console; piped output gets 120 columns (unless COLUMNS says otherwise), not rich's 80,
-    so hook lines stay whole for grep and scripts."""
-    from rich.console import Console
-
-    console = Console(soft_wrap=False, **options)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = PIPE_WIDTH
-    return console
-
-
-def _output(
-    trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict[str, Any], quiet: bool = False
-) -> None:
-    """Render to the terminal (tree: rich, colour when it is a terminal) or write to `output`.
-
-    Display options the chosen format does not take are named in a `note:` and not applied."""
-    from . import render as r
-
-    if "module" in view:  # not a kind: an option
-        view = dict(view, module=module_path(trace.module_paths(), view["module"]))
-    try:
-        chosen = r.format_for_path(str(output) if output else None, fmt)
-        takes = r.renderer(chosen).options
-        ignored = [VIEW_FLAGS[k] for k in view if k not in takes]
-        if ignored:
-            what = ", which holds the whole trace" if chosen == "json" else " (tree only)"
-            _stderr(f"note: {', '.join(ignored)} not applied to {chosen} output{what}")
-        opts = {k: v for k, v in view.items() if k in takes}
-        if output is None and chosen == "tree":
-            from .render.tree import build_tree
-
-            _console().print(build_tree(trace, **opts))
-            return
-        if chosen == "json" and output is not None and output.name.lower().endswith(".gz"):
-            data = None  # Trace.save compresses it
-        else:
-            data = r.render(trace, chosen, **opts)
-    except r.RenderError as exc:
-        raise UsageError(str(exc)) from exc
-    if output is None:
-        assert data is not None
-        if isinstance(data, bytes):
-            sys.stdout.buffer.write(data)
-        else:
-            sys.stdout.write(data if data.endswith("\n") else data + "\n")
-        sys.stdout.flush()
-        return
-    _write(trace, output, data)
-    if not quiet:
-        from .analysis.counts import count
-
-        _stderr(f"wrote {output} ({chosen}: {count(trace).phrase()})")
-
-
-def _write(trace: Trace, output: Path, data: Any) -> None:
-    """Write atomically: a failed write leaves what was at `output` untouched."""
-    from .io import write_atomic
-
-    try:
-        if data is None:
-            trace.save(output)
-        else:
-            write_atomic(output, data)
-    except OSError as exc:
-        raise UsageError(f"cannot write {output}: {_os_error(exc, output)}") from exc
-
-
-def _os_error(exc: OSError, path: Path) -> str:
-    """What went wrong, in words, with what to do when it is the folder."""
-    import errno
-
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.ENOENT and not path.parent.is_dir():
-        return f"{reason} (the folder {path.parent} does not exist; create it first)"
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"{reason}; free some space or write elsewhere (nothing was overwritten)"
-    if exc.errno == errno.EFBIG:
-        return f"{reason} (a file-size limit, see ulimit -f); nothing was overwritten"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"{reason}; choose a path you can write to"
-    return f"{reason} (errno {exc.errno})" if exc.errno else reason
 
 
 def _load_trace(path: Path) -> Trace:

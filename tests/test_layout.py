@@ -23,7 +23,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("analysis", "capture"),  # pure functions of a Trace | the only code that touches torch's hooks
     ("render", "runs"),  # renderers | drivers over one capture
     ("ranks",),  # one run per rank
-    ("compare",),  # traces and order files side by side (`diff`, `assert_order`)
+    ("compare", "outputs"),  # traces and order files side by side; where a command's output goes
     ("hooktrace",),  # the public API (hooktrace/__init__.py)
     ("cli", "pytest_plugin"),  # the commands; the `hook_order` fixture
     ("__main__",),

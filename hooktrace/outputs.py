@@ -1,0 +1,105 @@
+"""Where a command's output goes: rendered to the terminal or written to a file, and the
+diagnostic lines on stderr (the CLI's; `cli.py` parses and calls)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from .options import VIEW_FLAGS, UsageError, module_path
+from .schema import Trace
+
+PIPE_WIDTH = 120
+
+
+def stderr_line(message: str) -> None:
+    """A diagnostic line; text from names, paths and files in it shows control characters escaped."""
+    from .render.safe import safe_text
+
+    print("\n".join(safe_text(line) for line in message.split("\n")), file=sys.stderr, flush=True)
+
+
+def console(**options: Any) -> Any:
+    """A rich console; piped output gets 120 columns (unless COLUMNS says otherwise), not rich's 80,
+    so hook lines stay whole for grep and scripts."""
+    from rich.console import Console
+
+    console = Console(soft_wrap=False, **options)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPE_WIDTH
+    return console
+
+
+def output(
+    trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict[str, Any], quiet: bool = False
+) -> None:
+    """Render to the terminal (tree: rich, colour when it is a terminal) or write to `output`.
+
+    Display options the chosen format does not take are named in a `note:` and not applied."""
+    from . import render as r
+
+    if "module" in view:  # not a kind: an option
+        view = dict(view, module=module_path(trace.module_paths(), view["module"]))
+    try:
+        chosen = r.format_for_path(str(output) if output else None, fmt)
+        takes = r.renderer(chosen).options
+        ignored = [VIEW_FLAGS[k] for k in view if k not in takes]
+        if ignored:
+            what = ", which holds the whole trace" if chosen == "json" else " (tree only)"
+            stderr_line(f"note: {', '.join(ignored)} not applied to {chosen} output{what}")
+        opts = {k: v for k, v in view.items() if k in takes}
+        if output is None and chosen == "tree":
+            from .render.tree import build_tree
+
+            console().print(build_tree(trace, **opts))
+            return
+        if chosen == "json" and output is not None and output.name.lower().endswith(".gz"):
+            data = None  # Trace.save compresses it
+        else:
+            data = r.render(trace, chosen, **opts)
+    except r.RenderError as exc:
+        raise UsageError(str(exc)) from exc
+    if output is None:
+        assert data is not None
+        if isinstance(data, bytes):
+            sys.stdout.buffer.write(data)
+        else:
+            sys.stdout.write(data if data.endswith("\n") else data + "\n")
+        sys.stdout.flush()
+        return
+    write(trace, output, data)
+    if not quiet:
+        from .analysis.counts import count
+
+        stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()})")
+
+
+def write(trace: Trace, output: Path, data: Any) -> None:
+    """Write atomically: a failed write leaves what was at `output` untouched."""
+    from .io import write_atomic
+
+    try:
+        if data is None:
+            trace.save(output)
+        else:
+            write_atomic(output, data)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {os_error(exc, output)}") from exc
+
+
+def os_error(exc: OSError, path: Path) -> str:
+    """What went wrong, in words, with what to do when it is the folder."""
+    import errno
+
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOENT and not path.parent.is_dir():
+        return f"{reason} (the folder {path.parent} does not exist; create it first)"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{reason}; free some space or write elsewhere (nothing was overwritten)"
+    if exc.errno == errno.EFBIG:
+        return f"{reason} (a file-size limit, see ulimit -f); nothing was overwritten"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{reason}; choose a path you can write to"
+    return f"{reason} (errno {exc.errno})" if exc.errno else reason
