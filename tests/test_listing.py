@@ -46,10 +46,10 @@ def test_listed_order_is_the_firing_order_and_the_root_is_spelled_as_in_the_tree
 
 
 def _listing(make) -> tuple:  # noqa: ANN001
-    found = inventory(Factory(spec="test:make", func=make, label="make()"))
+    found = held_hooks(Factory(spec="test:make", func=make, label="make()"))
     rows = firing_order(found.trace, found.live)
     console = Console(width=160, color_system=None, record=True, file=open("/dev/null", "w"))
-    console.print(inventory_text(found.trace, group_modules(rows), found.live))
+    console.print(listing_text(found.trace, group_modules(rows), found.live))
     return found, rows, console.export_text()
 
 

@@ -188,7 +188,7 @@ class HookBook:
 
     # -- tensor and autograd-node hooks: shims in place ---------------------------------
     def wrap_tensor_hook(
-        self, d: dict, hid: int, kind: str, tensor: Any, scope: str = "tensor"
+        self, d: dict, hid: int, kind: str, tensor: Any, scope: str = TENSOR
     ) -> Optional[Record]:
         fn = d.get(hid)
         if fn is None:  # removed meanwhile, on another thread

@@ -21,7 +21,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..io import gc_paused
-from ..kinds import TENSOR, K
+from ..kinds import NODE, TENSOR, K
 from ..schema import Meta, Module, Surprise, Trace
 from . import autograd, build, comm, dicts, dynamo, optim, registry, shims, sites, views
 from .records import HookBook, Site
@@ -356,7 +356,7 @@ class TraceSession:
             # too, but not PyTorch's own (a module's backward hooks' BackwardHook node hooks)
             for hid, fn in list(d.items()):
                 if hid == handle.id or not sites.is_plumbing_hook(fn):
-                    self._book.wrap_tensor_hook(d, hid, kind, variable, scope="node")
+                    self._book.wrap_tensor_hook(d, hid, kind, variable, scope=NODE)
 
     def saved_tensors_shims(self, ctx: Any, frame: FrameType) -> tuple[Any, Any]:
         return self._book.saved_tensors_shims(ctx, self._site(frame))

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..analysis.listing import ModuleHooks
 from ..ids import copy_of
-from ..kinds import GLOBAL
+from ..kinds import GLOBAL, MODULE_KINDS, OPTIMIZER_KINDS, REGISTRATION_KINDS, kinds_of
 from ..schema import ROOT, Hook, Trace
 from .badges import site
 from .safe import safe_text as _s  # names from user code and files: no control sequence reaches a terminal
@@ -71,15 +71,15 @@ def listing_text(trace: Trace, groups: list[ModuleHooks], live: set[int]) -> Any
 # What global hooks of each family do: only module-call hooks fire for every module.
 _GLOBAL_LINES = (
     (
-        frozenset({"forward_pre", "forward", "backward_pre", "backward", "backward_legacy"}),
+        frozenset(MODULE_KINDS),
         "global module hooks ({n}) fire first for every module, also those not listed",
     ),
     (
-        frozenset({"module_registration", "parameter_registration", "buffer_registration"}),
+        frozenset(REGISTRATION_KINDS),
         "global registration hooks ({n}) fire when any module registers a submodule, parameter or buffer",
     ),
     (
-        frozenset({"optimizer_step_pre", "optimizer_step_post"}),
+        frozenset(kinds_of(GLOBAL)) & frozenset(OPTIMIZER_KINDS),
         "global optimizer hooks ({n}) fire around every optimizer's step()",
     ),
 )
