@@ -269,3 +269,39 @@ def test_only_hooktrace_code_is_hidden_from_dynamo() -> None:
     assert {c.co_name for c in codes} >= own.CALLS_USER_CODE
     for code in codes:
         assert code.co_filename.startswith((own._HERE, "<hooktrace")) or code.co_filename == "<string>", code
+
+
+class _Caching(nn.Module):
+    """A forward that registers a buffer and sets an attribute: Dynamo inlines Module's
+    `register_buffer` / `__setattr__`, which are hooktrace's copies while the block is open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layer(x)
+        self.cache = y.detach()
+        self.register_buffer("last", y.detach(), persistent=False)
+        return y
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_compiled_forward_that_registers_a_buffer_compiles_the_same_traced(no_global_hooks: None) -> None:
+    def run(traced: bool) -> tuple:
+        dynamo.reset()
+        torch.manual_seed(0)
+        m = _Caching()
+        backend = CompileCounter()
+        c = torch.compile(m, backend=backend)
+        x = torch.randn(1, 2, generator=torch.Generator().manual_seed(0))
+        if traced:
+            with hooktrace.trace(m):
+                out = c(x)
+        else:
+            out = c(x)
+        return backend.frame_count, backend.op_count, out, m.last
+
+    plain, traced = run(False), run(True)  # traced, Dynamo's guard on the copies' globals used to fail
+    assert plain[:2] == traced[:2]
+    assert torch.equal(plain[2], traced[2]) and torch.equal(plain[3], traced[3])

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
+import types
 from typing import Any, Callable, Optional, Protocol
 
 import torch
@@ -37,6 +39,8 @@ VIEW_NAME = "_hooktrace_view"
 FAST_VIEW_NAME = "_hooktrace_view_eager"
 _MODULE_NAME = "_hooktrace_nn_module"
 _CLASS_NAME = "_hooktrace_module_copies"
+# a module's own attributes, which the copies' holder module keeps as its own
+_MODULE_ATTRS = frozenset({"__name__", "__spec__", "__loader__", "__package__", "__path__"})
 
 
 class Viewer(Protocol):
@@ -144,7 +148,13 @@ class _Copies:
         for first, lines in pieces:
             out += [""] * (first - 1 - len(out))
             out += [line.rstrip("\n") for line in lines]
-        namespace = self.namespace = dict(vars(module))
+        # The copies' globals are a module of their own in sys.modules: Dynamo, inlining a copy
+        # (`self.register_buffer(...)` or `self.x = ...` in a compiled forward), guards the names it
+        # reads through `import(<globals' __name__>)`, which must find them (PyTorch's module has none).
+        holder = types.ModuleType(f"_hooktrace_copies_of_{module.__name__.replace('.', '_')}")
+        namespace = self.namespace = holder.__dict__
+        namespace.update({k: v for k, v in vars(module).items() if k not in _MODULE_ATTRS})
+        sys.modules[holder.__name__] = holder
         namespace[VIEW_NAME] = namespace[FAST_VIEW_NAME] = hooktrace_view
         namespace[_MODULE_NAME] = module
         namespace.update(names or {})
@@ -158,6 +168,7 @@ class _Copies:
                 cell.cell_contents = cls
             target = fn if fn is not None else copy
             target.__qualname__ = orig_fn.__qualname__
+            target.__module__ = orig_fn.__module__
             target.__doc__ = orig_fn.__doc__
             if not hasattr(target, "__wrapped__"):  # a decorated copy keeps its own __wrapped__
                 target.__dict__.update(orig_fn.__dict__)
