@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from .analysis.diff import TraceDiff, diff_traces
-from .io import read_bytes
+from .io import GZIP_MAGIC, inflate, read_bytes
 from .render.order import OrderFormatError, is_order_text, order_lines, order_text, parse_order
 from .schema import Trace, TraceFormatError
 from .validate import load
@@ -82,6 +82,8 @@ def _is_path(text: str) -> bool:
 def read_file(path: Path) -> Side:
     """A saved trace (JSON, gzip) or an order file, by its first bytes."""
     raw = read_bytes(path)  # a regular file of a bounded size: never a FIFO or /dev/zero
+    if raw[:2] == GZIP_MAGIC:  # `-f order -o x.txt.gz` wrote it compressed
+        raw = inflate(raw, str(path))
     if not is_order_text(raw[:64]):
         return Side(load(path), False, str(path))
     try:

@@ -239,10 +239,20 @@ def inflate(raw: bytes, name: str = "input") -> bytearray:
         raise TraceFormatError(f"{name} is not a readable gzip file: {exc}") from None
 
 
+def is_gzip_name(path: PathLike) -> bool:
+    """A name ending in `.gz`, in any case (`X.JSON.GZ`, `run.svg.gz`): what hooktrace writes compressed."""
+    return os.fspath(path).lower().endswith(".gz")
+
+
+def write_output(path: PathLike, data: Union[bytes, str]) -> None:
+    """A rendering (str as UTF-8, or bytes) written atomically; gzip-compressed when `is_gzip_name`."""
+    write_json(path, [data.encode("utf-8") if isinstance(data, str) else data])
+
+
 def write_json(path: PathLike, chunks: Sequence[bytes]) -> None:
     """JSON bytes given in chunks (`dumps` and `columns_json` make them), atomically; gzip-compressed
-    when the name ends in .gz. The chunks are written one after the other, never joined."""
-    if not os.fspath(path).endswith(".gz"):
+    when `is_gzip_name`. The chunks are written one after the other, never joined."""
+    if not is_gzip_name(path):
         write_atomic(path, lambda fh: fh.writelines(chunks))
         return
 
@@ -401,7 +411,7 @@ def write_atomic(path: Union[str, os.PathLike[str]], data: Union[bytes, str, Wri
             return
         mode = stat.S_IMODE(st.st_mode)
     folder, name = os.path.split(target)
-    tmp, fd = _create_temp(folder, name)
+    tmp, fd = _create_temp(folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             _write(fh, data)
@@ -426,11 +436,12 @@ def _write(fh: IO[bytes], data: Union[bytes, str, Writer]) -> None:
         data(fh)
 
 
-def _create_temp(folder: str, name: str) -> tuple[str, int]:
-    """A new file `.NAME.XXXXXXXX.tmp` beside the target, created with the umask's permissions."""
+def _create_temp(folder: str) -> tuple[str, int]:
+    """A new file `.hooktrace-XXXXXXXXXXXXXXXX.tmp` beside the target (its name's length fixed: a
+    target name of the longest legal length, 255 bytes, still works), with the umask's permissions."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
-        tmp = os.path.join(folder or ".", f".{name}.{secrets.token_hex(4)}.tmp")
+        tmp = os.path.join(folder or ".", f".hooktrace-{secrets.token_hex(8)}.tmp")
         try:
             return tmp, os.open(tmp, flags, 0o666)
         except FileExistsError:

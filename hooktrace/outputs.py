@@ -78,13 +78,13 @@ def output(
 
 def write(trace: Trace, output: Path, data: Any) -> None:
     """Write atomically: a failed write leaves what was at `output` untouched."""
-    from .io import write_atomic
+    from .io import write_output
 
     try:
         if data is None:
             trace.save(output)
         else:
-            write_atomic(output, data)
+            write_output(output, data)  # gzip-compressed when the name ends in .gz
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {os_error(exc, output)}") from exc
 

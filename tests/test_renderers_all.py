@@ -369,6 +369,9 @@ def test_json_renderer_is_the_trace_format(tmp_path: Path) -> None:
         (None, None, "tree"),
         ("out.json", None, "json"),
         ("out.JSON.gz", None, "json"),
+        ("X.JSON.GZ", None, "json"),
+        ("trace.svg.gz", None, "svg"),  # written gzip-compressed, as every name ending in .gz
+        ("out.txt.gz", None, "order"),
         ("out.dot", None, "dot"),
         ("dir.v2/OUT.SVG", None, "svg"),
         ("out.json", "chrome", "chrome"),
@@ -382,7 +385,7 @@ def test_format_for_path(path: Optional[str], fmt: Optional[str], expected: str)
     assert format_for_path(path, fmt) == expected
 
 
-@pytest.mark.parametrize("path", ["out.text", "out", "out.trace", "trace.svg.gz", "trace.gz"])
+@pytest.mark.parametrize("path", ["out.text", "out", "out.trace", "trace.png.gz", "trace.gz"])
 def test_format_for_path_needs_format_for_other_extensions(path: str) -> None:
     with pytest.raises(RenderError, match="--format"):
         format_for_path(path, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -288,3 +289,73 @@ def test_a_file_larger_than_the_bound_is_refused_by_its_size(tmp_path):
     assert io.read_bytes(exact, limit=size) == sample().to_json()  # the nearest case: at the bound
     with pytest.raises(TraceFormatError, match="larger than"):
         io.read_bytes(exact, limit=size - 1)
+
+
+# -- names: the longest legal one, and .gz in any case --------------------------------------------------------
+
+LONGEST = ["a" * 250 + ".json", "é" * 125 + ".json", "b" * 247 + ".json.gz"]  # 255 bytes each
+
+
+@pytest.mark.parametrize("name", LONGEST, ids=["ascii", "two-byte letters", "gz"])
+def test_a_name_of_the_longest_legal_length_is_written_and_no_temp_is_left(tmp_path, name):
+    assert len(name.encode()) == 255
+    t = sample()
+    t.save(tmp_path / name)
+    assert load(tmp_path / name).to_dict() == t.to_dict()
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+def test_the_cli_writes_a_rendering_under_the_longest_legal_name(tmp_path, capsys):
+    from hooktrace.cli import main
+
+    sample().save(tmp_path / "t.json")
+    name = "c" * 251 + ".txt"
+    assert main(["render", str(tmp_path / "t.json"), "-o", str(tmp_path / name)]) == 0, (
+        capsys.readouterr().err
+    )
+    assert (tmp_path / name).read_text().startswith("# hooktrace")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "t.json"])
+
+
+GZ_NAMES = [
+    ("x.json.gz", None),
+    ("X.JSON.GZ", None),
+    ("x.Json.Gz", None),
+    ("x.txt.gz", None),
+    ("x.dot.gz", None),
+    ("x.svg.gz", None),
+    ("x.json.gz", "chrome"),
+    ("x.gz", "dot"),
+]
+
+
+@pytest.mark.parametrize(("name", "fmt"), GZ_NAMES, ids=[f"{n}-{f}" for n, f in GZ_NAMES])
+def test_every_output_named_gz_is_gzip_compressed_whatever_the_case(tmp_path, capsys, name, fmt):
+    from hooktrace.cli import main
+    from hooktrace.render import format_for_path, render
+
+    if name.endswith("svg.gz") and not shutil.which("dot"):
+        pytest.skip("Graphviz dot is not installed")
+    sample().save(tmp_path / "t.json")
+    args = ["render", str(tmp_path / "t.json"), "-o", str(tmp_path / name)] + (["-f", fmt] if fmt else [])
+    assert main(args) == 0, capsys.readouterr().err
+    raw = (tmp_path / name).read_bytes()
+    assert raw[:2] == b"\x1f\x8b", "a .gz name holds gzip"
+    chosen = format_for_path(name, fmt)
+    inside = gzip.decompress(raw)
+    if chosen == "json":
+        assert load(tmp_path / name).to_dict() == sample().to_dict()
+    elif (
+        chosen != "svg"
+    ):  # the same rendering as without .gz (an SVG carries no date either, but dot may vary)
+        expected = render(sample(), chosen)
+        assert inside == (expected.encode() if isinstance(expected, str) else expected)
+
+
+def test_an_order_file_written_gz_is_read_back_by_diff(tmp_path, capsys):
+    from hooktrace.cli import main
+
+    sample().save(tmp_path / "t.json")
+    assert main(["render", str(tmp_path / "t.json"), "-o", str(tmp_path / "o.TXT.GZ")]) == 0
+    assert main(["diff", str(tmp_path / "o.TXT.GZ"), str(tmp_path / "t.json")]) == 0
+    assert "same hook order" in capsys.readouterr().out

@@ -42,7 +42,7 @@ def rank_trace_path(out: str, rank: int) -> str:
     `run.json` -> `run.rank0.json`; another extension is replaced too (`run.svg` -> `run.rank0.json`:
     ranks always write traces); a final `.gz` keeps the compression (`run.json.gz` -> `run.rank0.json.gz`).
     """
-    gz = out.endswith(".gz") and len(os.path.basename(out)) > 3
+    gz = out.lower().endswith(".gz") and len(os.path.basename(out)) > 3
     stem = out[:-3] if gz else out
     base, ext = os.path.splitext(stem)
     if ext and not ({os.sep, os.altsep} - {None}) & set(ext):

@@ -88,9 +88,10 @@ def format_for_path(path: Optional[Union[str, os.PathLike[str]]], fmt: Optional[
         return renderer(fmt).name
     if path is None:
         return "tree"
-    ext = os.path.splitext(os.fspath(path))[1].lower()
-    if os.fspath(path).lower().endswith(".json.gz"):  # the trace format, gzip-compressed (Trace.save)
-        ext = ".json"
+    name = os.fspath(path).lower()
+    if name.endswith(".gz"):  # `run.json.gz`, `run.svg.gz`: the format inside, written compressed
+        name = name[:-3]
+    ext = os.path.splitext(name)[1]
     try:
         return _BY_EXTENSION[ext]
     except KeyError:
