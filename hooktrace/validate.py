@@ -179,6 +179,8 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
         data, EVENT_FIELDS, required_tables=INDEXED[:4], optional_tables=INDEXED[4:]
     )
     for name, table in tables.items():
+        if None in table:  # null stays null in the column itself
+            raise TraceFormatError(f'events table "{name}" holds null; a null value is null in its column')
         _check_values(name, table)
         if len(set(table)) != len(table):
             raise TraceFormatError(f'events table "{name}" repeats a value')
@@ -219,13 +221,18 @@ def _events(
     and to hooks; and the events' seqs (a range when they are 0, 1, 2, ...)."""
     seq = by_name["seq"]
     seqs: Container[int]
-    if all(map(operator.lt, seq, islice(seq, 1, None))):  # increasing: no repeats, no set needed
-        seqs = range(len(seq)) if not seq or (seq[0] == 0 and seq[-1] == len(seq) - 1) else set(seq)
-    else:
-        seqs = set(seq)
-        if len(seqs) != len(seq):
-            dup = next(v for v, n in collections.Counter(seq).items() if n > 1)
+    if not all(map(operator.lt, seq, islice(seq, 1, None))):  # stored in the order they happened
+        counts = collections.Counter(seq)
+        dup = next((v for v in seq if counts[v] > 1), None)
+        if dup is not None:
             raise TraceFormatError(f"events: seq {short(dup)} appears more than once")
+        i = next(i for i, (a, b) in enumerate(zip(seq, islice(seq, 1, None))) if not a < b)
+        raise TraceFormatError(
+            f"events: seq {short(seq[i + 1])} comes after seq {short(seq[i])}; events are stored in seq order"
+        )
+    if seq and seq[0] < 0:
+        raise TraceFormatError(f"events: seq {short(seq[0])} is negative; seq counts from 0")
+    seqs = range(len(seq)) if not seq or (seq[0] == 0 and seq[-1] == len(seq) - 1) else set(seq)
     unknown = set(by_name["hook"]) - hook_ids - {None}
     if unknown:
         raise TraceFormatError(f'events refer to hook id {short(min(unknown))}, which is not in "hooks"')

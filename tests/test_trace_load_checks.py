@@ -138,12 +138,9 @@ def test_a_version_1_hook_event_without_a_kind_is_refused(tmp_path):
             load(write(tmp_path / "t.json", data))
 
 
-def test_seq_need_not_be_sorted_but_never_repeats(tmp_path):
+def test_seq_increases_from_zero_or_more_and_never_repeats(tmp_path):
     t = sample()
-    t.events = [t.events[i]._replace(seq=s) for i, s in enumerate([1, 0, 3, 2])]
-    t.surprises[0].events = [3]
-    assert load(write(tmp_path / "t.json", t.to_dict())).events == t.events
-    t.events = [e._replace(seq=e.seq + 5) for e in sample().events]  # increasing, from 5
+    t.events = [e._replace(seq=e.seq + 5) for e in sample().events]  # increasing, from 5: accepted
     t.surprises[0].events = [8]
     assert load(write(tmp_path / "t.json", t.to_dict())).events == t.events
     t.surprises[0].events = [3]
@@ -154,6 +151,35 @@ def test_seq_need_not_be_sorted_but_never_repeats(tmp_path):
         t.events = [e._replace(seq=s) for e, s in zip(sample().events, seqs)]
         with pytest.raises(TraceFormatError, match=f"seq {dup} appears more than once"):
             load(write(tmp_path / "t.json", t.to_dict()))
+
+
+BAD_SEQS = {
+    "swapped": ([1, 0, 2, 3], "seq 0 comes after seq 1"),
+    "reversed": ([3, 2, 1, 0], "seq 2 comes after seq 3"),
+    "negative": ([-1, 0, 1, 2], "seq -1 is negative"),
+    "all negative": ([-4, -3, -2, -1], "seq -4 is negative"),
+    "last out of order": ([0, 1, 5, 4], "seq 4 comes after seq 5"),
+}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize(("seqs", "words"), BAD_SEQS.values(), ids=list(BAD_SEQS))
+def test_negative_or_out_of_order_seqs_are_refused(tmp_path, version, seqs, words):
+    """SPEC: events are stored in the order they happened, seq counting from 0."""
+    t = sample()
+    t.events = [e._replace(seq=s) for e, s in zip(sample().events, seqs)]
+    t.surprises[0].events = []
+    data = v1_dict(t) if version == 1 else t.to_dict()
+    with pytest.raises(TraceFormatError, match=words):
+        load(write(tmp_path / "t.json", data))
+
+
+@pytest.mark.parametrize("table", ["module", "kind", "type", "phase", "thread"])
+def test_a_null_entry_in_an_events_table_is_refused(tmp_path, table):
+    data = sample().to_dict()
+    data["events"]["tables"][table].append(None)
+    with pytest.raises(TraceFormatError, match=f'events table "{table}" holds null'):
+        load(write(tmp_path / "t.json", data))
 
 
 def test_surprise_events_are_checked_against_seq_zero_to_n(tmp_path):
