@@ -355,3 +355,29 @@ def test_mark_step_outside_the_block_is_refused_clearly() -> None:
     with pytest.raises(RuntimeError, match="inside the `with"):
         t.mark_step()
     assert t.trace.meta.steps == 1 and {e.step for e in t.trace.events} == {0}
+
+
+ASYNC_FACTORY = """
+import torch
+from torch import nn
+
+
+async def make():
+    return nn.Linear(2, 2), torch.randn(1, 2)
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "hooks"])
+def test_an_async_factory_is_one_error_line_and_no_never_awaited_warning(tmp_path, command):
+    import subprocess
+    import sys
+
+    factory = tmp_path / "asyncf.py"
+    factory.write_text(ASYNC_FACTORY)
+    script = str(Path(sys.executable).with_name("hooktrace"))
+    done = subprocess.run([script, command, str(factory)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: the factory make() is async (it returned a coroutine); hooktrace calls it without an "
+        "event loop: make it a plain def (it may call asyncio.run itself)"
+    ]

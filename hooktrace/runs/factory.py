@@ -7,6 +7,7 @@ capture, nothing runs.
 
 from __future__ import annotations
 
+import inspect
 import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -37,7 +38,14 @@ class RunResult:
 
 def _call_factory(factory: Factory) -> Any:
     try:
-        return factory()
+        result = factory()
+        if inspect.iscoroutine(result):  # `async def make()`: never awaited, closed (no warning left)
+            result.close()
+            raise UsageError(
+                f"the factory {factory.label} is async (it returned a coroutine); hooktrace calls it "
+                "without an event loop: make it a plain def (it may call asyncio.run itself)"
+            )
+        return result
     except UsageError:
         raise
     except Exception as exc:
