@@ -480,3 +480,21 @@ def gc_paused(long_lived: bool = False) -> Iterator[None]:
             gc.unfreeze()
         if enabled:
             gc.enable()
+
+
+def write_error_words(exc: OSError, path: PathLike) -> str:
+    """Why a write failed, in words, with what to do (the CLI's and the rank workers' `cannot write`)."""
+    import errno
+
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOENT and not os.path.isdir(folder):
+        return f"{reason} (the folder {folder} does not exist; create it first)"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{reason}; free some space or write elsewhere (nothing was overwritten)"
+    if exc.errno == errno.EFBIG:
+        return f"{reason} (a file-size limit, see ulimit -f); nothing was overwritten"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{reason}; choose a path you can write to"
+    return f"{reason} (errno {exc.errno})" if exc.errno else reason

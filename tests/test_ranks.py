@@ -352,3 +352,26 @@ def test_a_rank_killed_by_a_signal_died_and_its_last_words_are_kept(
     assert only.error is not None and only.error.startswith("the rank's process died from SIGABRT")
     assert "failing.py" in only.error  # faulthandler's last line: where it died
     assert only.trace is None and not (tmp_path / "d.rank0.json").exists() and result.exit_code == 1
+
+
+@pytest.mark.parametrize("nproc", [None, 1])
+def test_under_a_file_size_limit_nproc_says_cannot_write_as_a_single_run_does(tmp_path: Path, nproc) -> None:
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # ulimit -f 4: the trace is larger
+
+    out = tmp_path / "f.json"
+    args = ["run", str(SAMPLES / "quickstart.py"), "-o", str(out)] + (
+        ["--nproc", str(nproc)] if nproc else []
+    )
+    script = Path(sys.executable).with_name("hooktrace")
+    done = subprocess.run([str(script), *args], capture_output=True, text=True, timeout=240, preexec_fn=limit)
+    assert done.returncode == 2, done.stdout + done.stderr
+    written = "f.rank{r}.json" if nproc else "f.json"
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert error == [
+        f"error: cannot write {tmp_path / written}: File too large (a file-size limit, see ulimit -f); "
+        "nothing was overwritten"
+    ]
+    assert "Traceback" not in done.stderr and "crashed" not in done.stdout + done.stderr

@@ -178,7 +178,14 @@ def _rank(job: dict[str, Any]) -> None:
     trace = result.trace
     trace.meta.rank = rank
     trace.meta.world_size = world_size
-    trace.save(rank_trace_path(job["out"], rank))  # atomic: an earlier file stays whole until replaced
+    path = rank_trace_path(job["out"], rank)
+    try:
+        trace.save(path)  # atomic: an earlier file stays whole until replaced
+    except OSError as exc:  # as a single run says it (exit 2), in words every rank shares
+        from ..io import write_error_words
+
+        every = rank_trace_path(job["out"], 0).replace(".rank0.json", ".rank{r}.json")
+        raise UsageError(f"cannot write {every}: {write_error_words(exc, path)}") from exc
     reports.notes(result.notes)
     if result.exception is not None:
         stop = _termination(result.exception)
