@@ -266,7 +266,7 @@ class HookBook:
         """Trace ids of hooks no longer in their dict, which is still alive, and never removed through
         their handle: code deleted them from the dict itself."""
         out = set()
-        for (dict_id, hid), tid in self._ids.items():
+        for (dict_id, hid), tid in [*self._ids.items()]:  # one C-level copy: other threads register
             entry = self.seen_dicts.get(dict_id)
             d = entry[0]() if entry is not None else None
             record = self.records.get(tid)
