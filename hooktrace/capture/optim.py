@@ -84,13 +84,18 @@ _made: Optional[views._Copies] = None
 def copies() -> views._Copies:
     global _made
     if _made is None:
-        _made = views._Copies(
+        made = views._Copies(
             torch.optim.Optimizer,
             optim_module,
             _READ,
             (_STEP_MARK,),
             substitute=_substitute,
+            required=frozenset({"profile_hook_step", "state_dict", "load_state_dict"}),
+            reads=frozenset(ATTRS + tuple(attr for attr, _ in dicts.GLOBAL_OPTIMIZER_DICTS)),
         )
+        if _wrapper_code(made.copies["profile_hook_step"]) is None:
+            raise views.unsupported("Optimizer.profile_hook_step does not make one step wrapper")
+        _made = made
     return _made
 
 

@@ -45,6 +45,12 @@ class _Final:
     deleted: set[int] = dataclasses.field(default_factory=set)
 
 
+def check_torch() -> None:
+    """Make the rewritten copies of PyTorch's methods now: UnsupportedTorch if its source does not match."""
+    views.copies()
+    optim.copies()
+
+
 class TraceSession:
     """Context manager returned by `hooktrace.trace()`. After the block: `.trace`, `to_dict()`, `save()`."""
 

@@ -43,6 +43,28 @@ _CLASS_NAME = "_hooktrace_module_copies"
 _MODULE_ATTRS = frozenset({"__name__", "__spec__", "__loader__", "__package__", "__path__"})
 
 
+# The torch versions whose nn.Module / Optimizer source these rewrites were run against (pyproject
+# says the same). Another version is traced if every rewrite still applies; if one does not, the
+# capture refuses with UnsupportedTorch rather than trace half the hooks.
+SUPPORTED_TORCH = ">=2.13,<2.15"
+
+
+class UnsupportedTorch(RuntimeError):
+    """PyTorch's source does not have what the capture rewrites: nothing is traced."""
+
+
+def unsupported(what: str) -> UnsupportedTorch:
+    return UnsupportedTorch(
+        f"hooktrace cannot trace with torch {torch.__version__}: {what}; "
+        f"hooktrace supports torch{SUPPORTED_TORCH}"
+    )
+
+
+def _source(fn: Any) -> tuple[list[str], int]:
+    """PyTorch's source lines of `fn` and its first line number (tests replace this)."""
+    return inspect.getsourcelines(fn)
+
+
 class Viewer(Protocol):
     def view(self, d: dict, owner: Any, attr: str) -> dict: ...
 
@@ -101,7 +123,9 @@ class _Copies:
     `names` are extra globals of the copies' namespace; the methods named in `fast` call
     FAST_VIEW_NAME (the capture's own `view` while one is installed) instead of `hooktrace_view`.
     `fast_edits` apply to those methods only (they never run while Dynamo compiles). `substitute`
-    rewrites a `read` match in the other copies (default: a `hooktrace_view` call).
+    rewrites a `read` match in the other copies (default: a `hooktrace_view` call). Every rewrite
+    is checked as it is made: the methods in `required` are copied, each dict named in `reads` is
+    read somewhere, each edit applies, the copy compiles; else UnsupportedTorch.
     """
 
     def __init__(
@@ -114,17 +138,21 @@ class _Copies:
         fast: frozenset[str] = frozenset(),
         fast_edits: tuple[tuple[re.Pattern, str], ...] = (),
         substitute: Optional[Callable[[re.Match], str]] = None,
+        required: frozenset[str] = frozenset(),
+        reads: frozenset[str] = frozenset(),
     ) -> None:
         self.originals: dict[str, Any] = {}
         self.copies: dict[str, Any] = {}
         self.namespace: dict[str, Any] = {}
         pieces: list[tuple[int, list[str]]] = []
+        applied: dict[re.Pattern, int] = {}  # how often each edit applied
+        seen: set[str] = set()  # the hook dicts read
         for name, value in vars(cls).items():
             fn = _plain(value)
             if fn is None or fn.__module__ != module.__name__:
                 continue
             try:
-                lines, first = inspect.getsourcelines(fn)
+                lines, first = _source(fn)
             except (OSError, TypeError):
                 continue
             if not read.search("".join(lines)):
@@ -134,11 +162,23 @@ class _Copies:
             out_lines = []
             own_edits = edits + fast_edits if name in fast else edits
             for line in lines:
+                seen.update(m.group("attr") or m.group("glob") for m in read.finditer(line))
                 line = read.sub(sub, line)
                 for pattern, replacement in own_edits:
-                    line = pattern.sub(replacement, line)
+                    line, n = pattern.subn(replacement, line)
+                    applied[pattern] = applied.get(pattern, 0) + n
                 out_lines.append(line)
             pieces.append((first, out_lines))
+        where = f"{cls.__name__}'s source in {module.__name__}"
+        missing = sorted(required - set(self.originals))
+        if missing:
+            raise unsupported(f"{where} has no hook-dict reads in {', '.join(missing)} (or no source)")
+        unread = sorted(reads - seen)
+        if unread:
+            raise unsupported(f"{where} has no read of {', '.join(unread)} that hooktrace can rewrite")
+        unmatched = [p.pattern for p, _ in edits + fast_edits if not applied.get(p)]
+        if unmatched and pieces:
+            raise unsupported(f"{where} does not match the rewrite {unmatched[0]!r}")
         if not pieces:
             return
         pieces.sort()
@@ -158,7 +198,13 @@ class _Copies:
         namespace[VIEW_NAME] = namespace[FAST_VIEW_NAME] = hooktrace_view
         namespace[_MODULE_NAME] = module
         namespace.update(names or {})
-        exec(compile("\n".join(out) + "\n", module.__file__ or "module.py", "exec"), namespace)  # noqa: S102
+        try:
+            code = compile("\n".join(out) + "\n", module.__file__ or "module.py", "exec")
+        except SyntaxError as exc:
+            raise unsupported(
+                f"the rewritten copy of {where} does not compile ({exc.msg}, line {exc.lineno})"
+            ) from exc
+        exec(code, namespace)  # noqa: S102
         made = vars(namespace.pop(_CLASS_NAME))
         for name, original in self.originals.items():
             copy = made[name]
@@ -235,6 +281,21 @@ def hooktrace_forward(module: Any) -> Any:
 
 
 _made: Optional[_Copies] = None
+# the methods that call hooks: each must be copied, or their hooks would run untraced
+_MODULE_METHODS = frozenset(
+    {
+        "_call_impl",
+        "_get_backward_hooks",
+        "_get_backward_pre_hooks",
+        "state_dict",
+        "_load_from_state_dict",
+        "load_state_dict",
+        "register_buffer",
+        "register_parameter",
+        "add_module",
+        "__setattr__",
+    }
+)
 
 
 def copies() -> _Copies:
@@ -248,6 +309,8 @@ def copies() -> _Copies:
             {"_hooktrace_forward": hooktrace_forward, "_hooktrace_output": hooktrace_output},
             frozenset({"_call_impl"}),
             (_COMPILING_READ,),
+            required=_MODULE_METHODS,
+            reads=frozenset(attr for attr, _ in dicts.MODULE_DICTS + dicts.GLOBAL_DICTS),
         )
     return _made
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..analysis.surprises import find_surprises
-from ..capture.session import TraceSession
+from ..capture.session import TraceSession, check_torch
+from ..capture.views import UnsupportedTorch
 from ..inputs import Prepared, coerce_result, compute_loss, prepare, resolve_device
 from ..kinds import BACKWARD, FORWARD, HOOK, OPTIMIZER_PHASE
 from ..options import RunOptions, UsageError
@@ -34,6 +35,14 @@ class RunResult:
     exception: Optional[BaseException] = None
     notes: list[str] = field(default_factory=list)
     stopped_by: Optional[signal.Signals] = None
+
+
+def _check_torch() -> None:
+    """A torch whose source the capture cannot rewrite is bad input (exit 2), found before the factory runs."""
+    try:
+        check_torch()
+    except UnsupportedTorch as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _call_factory(factory: Factory) -> Any:
@@ -87,6 +96,7 @@ def run(
     stop_signals: SIGINT/SIGTERM (main thread only) stop the run; the partial trace is returned with
     `stopped_by` set. The rank worker, which handles signals itself, leaves this off."""
     options.check()
+    _check_torch()
     resolve_device(options.device)  # CUDA absent: say so before the (maybe slow) factory runs
     notes: list[str] = []
     exception: Optional[BaseException] = None
@@ -232,6 +242,7 @@ class HeldHooks:
 
 def held_hooks(factory: Factory) -> HeldHooks:
     """Call the factory inside a capture, without running the model; the trace holds every hook."""
+    _check_torch()
     with TraceSession(target=factory.spec, analyse=find_surprises) as t:
         target = coerce_result(_call_factory(factory), factory.label)
         t.attach(target.model)

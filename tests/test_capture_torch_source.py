@@ -1,0 +1,114 @@
+"""The capture rewrites PyTorch's source: a torch whose source does not match is refused, loudly.
+
+Each rewrite is checked when it is made. A mismatch (forced here by replacing the source getter)
+gives one UnsupportedTorch naming the torch version and the supported range; the CLI prints one
+`error:` line and exits 2; nothing of hooktrace is left installed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import hooktrace
+from hooktrace.capture import optim, views
+from hooktrace.cli import main
+
+from .test_cli import write
+
+
+def _patched_source(change: Callable[[str, list[str]], list[str]]) -> Callable[[Any], tuple[list[str], int]]:
+    def source(fn: Any) -> tuple[list[str], int]:
+        lines, first = inspect.getsourcelines(fn)
+        return change(fn.__qualname__, lines), first
+
+    return source
+
+
+def _drop_forward_hook_reads(name: str, lines: list[str]) -> list[str]:
+    # as if a new torch read the forward hooks some other way: the rewrite cannot see them
+    return [
+        line.replace("self._forward_hooks.items()", "self._forward_hooks.copy().items()") for line in lines
+    ]
+
+
+def _rename_output_hook(name: str, lines: list[str]) -> list[str]:
+    return [
+        line.replace("bw_hook.setup_output_hook(result)", "bw_hook.setup_output(result)") for line in lines
+    ]
+
+
+def _no_step_mark(name: str, lines: list[str]) -> list[str]:
+    return [
+        line.replace("record_function(profile_name)", "record_function(name=profile_name)") for line in lines
+    ]
+
+
+@pytest.fixture
+def fresh_copies(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[str, list[str]], list[str]]], None]:
+    """Copies made again from a changed source (and the good ones again after the test)."""
+    monkeypatch.setattr(views, "_made", None)
+    monkeypatch.setattr(optim, "_made", None)
+
+    def use(change: Callable[[str, list[str]], list[str]]) -> None:
+        monkeypatch.setattr(views, "_source", _patched_source(change))
+
+    return use
+
+
+def _class_state() -> dict:
+    return {**vars(nn.Module), **{("opt", k): v for k, v in vars(torch.optim.Optimizer).items()}}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (_drop_forward_hook_reads, "no read of _forward_hooks"),
+        (_rename_output_hook, "does not match the rewrite"),
+        (_no_step_mark, "does not match the rewrite"),
+    ],
+    ids=["read", "edit", "optimizer"],
+)
+def test_a_mismatching_source_is_refused_with_the_version_and_range(fresh_copies, change, words):
+    before = _class_state()
+    fresh_copies(change)
+    m = nn.Linear(2, 2)
+    with pytest.raises(views.UnsupportedTorch) as info:
+        with hooktrace.trace(m):
+            m(torch.ones(2))
+    message = str(info.value)
+    assert words in message
+    assert f"torch {torch.__version__}" in message and views.SUPPORTED_TORCH in message
+    assert _class_state() == before  # nothing installed stays
+    assert views._viewer is None
+
+
+def test_the_source_as_installed_passes_every_check(fresh_copies):
+    fresh_copies(lambda name, lines: lines)  # the real source, through the same getter
+    m = nn.Linear(2, 2)
+    seen = []
+    m.register_forward_hook(lambda *a: seen.append(1))
+    with hooktrace.trace(m) as t:
+        m(torch.ones(2))
+    assert seen == [1] and [e.type for e in t.trace.events] == ["enter", "hook", "exit"]
+
+
+def test_cli_says_one_error_line_and_exits_2(
+    fresh_copies, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    fresh_copies(_drop_forward_hook_reads)
+    target = write(
+        tmp_path / "model.py",
+        "import torch\n\ndef make():\n    return torch.nn.Linear(2, 2), torch.ones(1, 2)\n",
+    )
+    code = main(["run", str(target)])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("error: hooktrace cannot trace with torch ")
+    assert views.SUPPORTED_TORCH in lines[0]
