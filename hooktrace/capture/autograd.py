@@ -8,8 +8,10 @@
   hook goes back at the end of the block. Post and pre hooks go through the same function; which of
   the two was called, and on which node, is read from the registering line's bytecode
   (`<expr>.register_prehook(...)` where `<expr>` is a name followed by attribute reads and constant
-  subscripts, re-read once: `acc.register_hook(h)`, `y.grad_fn.register_hook(h)`). When that line is
-  not of that form the kind is `node` and the node is unknown. Node hooks that PyTorch's own plumbing
+  subscripts, re-read once where reading runs no code: `acc.register_hook(h)`,
+  `y.grad_fn.register_hook(h)`; a property, `__getattr__` or `__torch_function__` on the way is not
+  run again, and the node is then unknown). When that line is not of that form the kind is `node`
+  and the node is unknown. Node hooks that PyTorch's own plumbing
   registers (`BackwardHook` for module backward hooks, legacy backward hooks) are not user hooks and
   are not traced.
 - **Saved-tensor hooks** (`torch.autograd.graph.saved_tensors_hooks`, `save_on_cpu`, checkpoint's
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 import dis
 import functools
+import inspect
 import sys
+import types
 from types import CodeType, FrameType
 from typing import Any, Callable, Optional
 
@@ -89,7 +93,43 @@ def _registering_call(frame: FrameType) -> tuple[str, Any]:
     return kind, _evaluate(frame, steps[::-1])
 
 
+class _Unsafe(Exception):
+    """Reading this step again could run code (a property, `__getattr__`, `__torch_function__`)."""
+
+
+_MISSING = object()
+_C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
+
+
+def _read(obj: Any, how: str, what: Any) -> Any:
+    """`obj.what` / `obj[what]`, only when that runs no Python code; else _Unsafe."""
+    if isinstance(obj, torch.Tensor) and torch.overrides.has_torch_function((obj,)):
+        raise _Unsafe
+    tp = type(obj)
+    if how == "item":
+        if tp in (list, tuple, dict):
+            return obj[what]
+        raise _Unsafe
+    if tp.__getattribute__ is not object.__getattribute__:
+        raise _Unsafe
+    static = inspect.getattr_static(obj, what, _MISSING)
+    if static is _MISSING:
+        if isinstance(obj, torch.nn.Module):  # what Module.__getattr__ would read, read directly
+            for table in ("_parameters", "_buffers", "_modules"):
+                found = obj.__dict__.get(table, {}).get(what, _MISSING)
+                if found is not _MISSING:
+                    return found
+        raise _Unsafe
+    if isinstance(static, _C_DESCRIPTORS):
+        return getattr(obj, what)  # a C getter (a tensor's grad_fn, a node's next_functions)
+    if not hasattr(type(static), "__get__"):  # a plain value, in the instance's or the class's dict
+        return static
+    raise _Unsafe
+
+
 def _evaluate(frame: FrameType, steps: list[tuple[str, Any]]) -> Any:
+    """The receiver the registering line named, read again only where that runs no code: reading a
+    property, `__getattr__` or `__torch_function__` twice would change what untraced code does."""
     try:
         _, name = steps[0]
         local, glob = frame.f_locals, frame.f_globals
@@ -100,10 +140,17 @@ def _evaluate(frame: FrameType, steps: list[tuple[str, Any]]) -> Any:
         else:
             obj = glob["__builtins__"][name] if isinstance(glob.get("__builtins__"), dict) else None
         for how, what in steps[1:]:
-            obj = getattr(obj, what) if how == "attr" else obj[what]
+            obj = _read(obj, how, what)
     except Exception:
         return None
-    return obj if hasattr(obj, "next_functions") and hasattr(obj, "register_prehook") else None
+    return obj if _is_node(obj) else None
+
+
+def _is_node(obj: Any) -> bool:
+    tp = type(obj)
+    return isinstance(inspect.getattr_static(obj, "next_functions", None), _C_DESCRIPTORS) and hasattr(
+        tp, "register_prehook"
+    )
 
 
 # -- patched functions (made once; a reference kept after the block passes straight through) -------
