@@ -90,7 +90,7 @@ def copies() -> views._Copies:
             _READ,
             (_STEP_MARK,),
             substitute=_substitute,
-            required=frozenset({"profile_hook_step", "state_dict", "load_state_dict"}),
+            required=frozenset({"profile_hook_step", "state_dict", "load_state_dict"}),  # not a kind: methods
             reads=frozenset(ATTRS + tuple(attr for attr, _ in dicts.GLOBAL_OPTIMIZER_DICTS)),
         )
         if _wrapper_code(made.copies["profile_hook_step"]) is None:

@@ -287,7 +287,7 @@ _MODULE_METHODS = frozenset(
         "_call_impl",
         "_get_backward_hooks",
         "_get_backward_pre_hooks",
-        "state_dict",
+        "state_dict",  # not a kind: a method name
         "_load_from_state_dict",
         "load_state_dict",
         "register_buffer",
