@@ -41,8 +41,11 @@ __version__ = "0.1.0"
 def trace(model: Optional[Any] = None, *, target: Optional[str] = None) -> TraceSession:
     """Trace every hook that fires inside the `with` block.
 
-    `model` names module paths and has the hooks it already holds recorded. It may be None and
-    given later with `session.attach(model)` (the CLI calls the factory inside the capture).
+    `model` names module paths and has its pre-existing hooks inventoried. It may be given later
+    with `session.attach(model)` (the CLI calls the factory inside the capture). Without a model,
+    every module called inside the block is traced: each outermost module call is a root, paths are
+    `named_modules()` paths under it, prefixed by its class name (`Name#2` for a second root of the
+    same class) when there are several roots.
     """
     from .analysis.counts import summary
     from .analysis.surprises import find_surprises

@@ -84,11 +84,14 @@ def tensor_dicts(tensor: Any) -> Iterator[HookDict]:
 def hook_dicts(model: Any) -> Iterator[HookDict]:
     """Every hook dict in the order PyTorch fires them: the global ones, then each module's
     (`named_modules()` order), then the parameters' (as `model.parameters()` gives them)."""
+    return hook_dicts_in(list(model.modules()) if isinstance(model, torch.nn.Module) else [])
+
+
+def hook_dicts_in(modules: list[Any]) -> Iterator[HookDict]:
+    """`hook_dicts` of these modules (in this order): the global dicts, the modules', their parameters'."""
     yield from global_dicts()
-    if not isinstance(model, torch.nn.Module):
-        return
     params: dict[int, Any] = {}
-    for module in model.modules():
+    for module in modules:
         yield from module_dicts(module)
         for param in module.__dict__.get("_parameters", {}).values():
             if param is not None:

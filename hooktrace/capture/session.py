@@ -23,7 +23,7 @@ from torch.utils.hooks import RemovableHandle
 from ..io import gc_paused
 from ..kinds import NODE, TENSOR, K
 from ..schema import Meta, Module, Surprise, Trace
-from . import autograd, build, comm, dicts, dynamo, optim, registry, shims, sites, views
+from . import autograd, build, comm, dicts, dynamo, optim, registry, roots, shims, sites, views
 from .records import HookBook, Site
 from .tensors import TensorNamer, hook_place, weak
 
@@ -69,6 +69,7 @@ class TraceSession:
         self._model = model
         self._analyse = analyse
         self._describe = describe
+        self._roots: list[Any] = []  # the model, or with no model the roots of the calls (_final_walk)
         self._meta = Meta(target=target)
         self._meta_overrides: dict[str, Any] = {}
         self._trace: Optional[Trace] = None
@@ -245,15 +246,16 @@ class TraceSession:
         """
         final = _Final()
         model = self._model
-        if isinstance(model, torch.nn.Module):
-            for path, module in _named_modules(model):
-                final.paths[self._rec.key(module)] = path
-                if module is not model or _compiled_inner(model) is None:
-                    final.modules.append(Module(path, type(module).__name__))
-                for pname, param in module.__dict__.get("_parameters", {}).items():
-                    if param is not None and id(param) not in final.params:
-                        final.params[id(param)] = (path, pname)
-        for hd in dicts.hook_dicts(model):
+        named = self._trace_modules()
+        for path, module in named:
+            final.paths[self._rec.key(module)] = path
+            if module is not model or _compiled_inner(model) is None:
+                final.modules.append(Module(path, type(module).__name__))
+            for pname, param in module.__dict__.get("_parameters", {}).items():
+                if param is not None and id(param) not in final.params:
+                    final.params[id(param)] = (path, pname)
+        found = dicts.hook_dicts(model) if model is not None else dicts.hook_dicts_in([m for _, m in named])
+        for hd in found:
             self._settle(hd.d, hd.kind, hd.owner, hd.scope, final, hd.tensor)
         for ref, _owner, scope in list(self._book.seen_dicts.values()):  # dicts outside the model now
             d = ref()
@@ -264,6 +266,19 @@ class TraceSession:
                 self._book.infer_prepends(d)
         final.deleted = self._book.deleted()
         return final
+
+    def _trace_modules(self) -> list[tuple[str, Any]]:
+        """(path, module) for the trace: the model's (`_named_modules`), or, with no model, those of
+        the roots (the modules of outermost calls, capture/roots.py)."""
+        model = self._model
+        if isinstance(model, torch.nn.Module):
+            self._roots = [model]
+            return _named_modules(model)
+        if model is not None:
+            return []
+        called = roots.modules_called(self._rec, roots.outermost(self._rec.calls))
+        self._roots = roots.choose(called)
+        return roots.named_modules(self._roots)
 
     def _settle(self, d: dict, kind: str, owner: Any, scope: str, final: _Final, tensor: Any = None) -> None:
         if not d or id(d) in final.seen:
@@ -422,7 +437,7 @@ class TraceSession:
         meta.torch = torch.__version__
         meta.python = platform.python_version()
         meta.steps = self._rec.steps
-        meta.device = build.device_of(self._model)
+        meta.device = build.device_of(self._roots[0] if self._roots else None)
         rec = self._rec
         return build.Pending(
             meta=meta,
@@ -450,6 +465,7 @@ class TraceSession:
         self._book = HookBook(self._rec, self._path_of)
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)
         self._model = None
+        self._roots = []
         self._interceptor = None
         self._views = None
 

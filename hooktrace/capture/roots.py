@@ -1,0 +1,85 @@
+"""Naming modules when no model is given (SPEC §2b, §3): each outermost module call is a root.
+
+A module call is outermost when no other module call is open on its thread. Roots are taken in the
+order of their first outermost call; a module already inside an earlier root (a checkpointed block
+recomputed during backward, `model.encoder(x)` called on its own) is not a root of its own. Paths
+are `named_modules()` paths under their root; with several roots each is prefixed by the root's
+label: its class name, `Name#2` for the second root of the same class.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable
+
+import torch
+
+
+def outermost(calls: Iterable[tuple]) -> list[int]:
+    """Module keys of the outermost calls, in call order (first seen first, no repeats).
+
+    `calls`: the capture's module-call records `(enter_seq, exit_seq, phase, module_key, thread, ...)`.
+    """
+    ordered = sorted(calls, key=lambda c: c[0])
+    open_until: dict[int, int] = {}  # thread -> exit seq of its outermost open call
+    found: dict[int, None] = {}
+    for call in ordered:
+        enter, leave, _phase, module_id, thread = call[:5]
+        if enter < open_until.get(thread, -1):
+            continue  # inside an outermost call on this thread
+        open_until[thread] = leave
+        found.setdefault(module_id, None)
+    return list(found)
+
+
+def choose(candidates: list[Any]) -> list[Any]:
+    """The candidates that are not inside an earlier (or later) candidate's module tree."""
+    inside: set[int] = set()
+    for module in candidates:
+        for sub in module.modules():
+            if sub is not module:
+                inside.add(id(sub))
+    roots: list[Any] = []
+    seen: set[int] = set()
+    for module in candidates:
+        if id(module) not in inside and id(module) not in seen:
+            roots.append(module)
+            seen.add(id(module))
+    return roots
+
+
+def labels(roots: list[Any]) -> list[str]:
+    """`""` for a single root; else the class name, `Name#2` for the second root of that class."""
+    if len(roots) == 1:
+        return [""]
+    counts: dict[str, int] = {}
+    out = []
+    for module in roots:
+        name = type(module).__name__
+        counts[name] = counts.get(name, 0) + 1
+        out.append(name if counts[name] == 1 else f"{name}#{counts[name]}")
+    return out
+
+
+def named_modules(roots: list[Any]) -> list[tuple[str, Any]]:
+    """(path, module) of every module under the roots, each module once, roots in order."""
+    out: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    for label, root in zip(labels(roots), roots):
+        for path, module in root.named_modules():
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            out.append((f"{label}.{path}" if label and path else label or path, module))
+    return out
+
+
+def modules_called(rec: Any, keys: list[int]) -> list[Any]:
+    """The module objects of the recorder's `keys` that are still alive (the recorder holds every
+    module it gave a key by weak reference)."""
+    by_key: dict[int, Any] = {}
+    for entry in rec.modules:
+        module = entry() if isinstance(entry, weakref.ref) else entry
+        if isinstance(module, torch.nn.Module):
+            by_key[rec.key(module)] = module
+    return [by_key[k] for k in keys if k in by_key]

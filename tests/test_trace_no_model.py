@@ -1,0 +1,105 @@
+"""`hooktrace.trace()` with no model: each outermost module call is a root (SPEC §2b, §3)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import hooktrace
+
+from .oracle import Zoo, snapshot_dicts
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.act = torch.nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
+def _hook_modules(trace: hooktrace.Trace, zoo: Zoo) -> dict[str, str]:
+    return {zoo.labels[h.id]: h.module for h in trace.hooks if h.id in zoo.labels}
+
+
+def test_two_roots_a_model_and_a_loss_module():
+    torch.manual_seed(0)
+    model, loss_fn = Net(), torch.nn.MSELoss()
+    zoo = Zoo()
+    zoo.module(model.fc, "forward_pre", "fc_pre")
+    zoo.module(model, "forward", "model_out")
+    zoo.module(loss_fn, "forward", "loss_out")
+    zoo.module(model.fc, "backward", "fc_grad")
+    x, y = torch.randn(2, 4, requires_grad=True), torch.randn(2, 3)
+    before = snapshot_dicts(model)
+
+    zoo.log.clear()
+    with hooktrace.trace() as t:
+        loss_fn(model(x), y).backward()
+    assert zoo.traced(t.trace) == zoo.log == ["fc_pre", "model_out", "loss_out", "fc_grad"]
+    assert [(m.path, m.type) for m in t.trace.modules] == [
+        ("Net", "Net"),
+        ("Net.fc", "Linear"),
+        ("Net.act", "ReLU"),
+        ("MSELoss", "MSELoss"),
+    ]
+    assert _hook_modules(t.trace, zoo) == {
+        "fc_pre": "Net.fc",
+        "model_out": "Net",
+        "loss_out": "MSELoss",
+        "fc_grad": "Net.fc",
+    }
+    calls = [(e.type, e.module) for e in t.trace.events if e.type == "enter"]
+    assert calls == [("enter", "Net"), ("enter", "Net.fc"), ("enter", "Net.act"), ("enter", "MSELoss")]
+    assert snapshot_dicts(model) == before
+
+
+def test_an_ema_copy_is_a_second_root_of_the_same_class():
+    torch.manual_seed(0)
+    model = Net()
+    ema = copy.deepcopy(model)
+    zoo = Zoo()
+    zoo.module(model.act, "forward", "model_act")
+    zoo.module(ema.act, "forward", "ema_act")
+    x = torch.randn(2, 4)
+    zoo.log.clear()
+    with hooktrace.trace() as t:
+        model(x).sum().backward()
+        with torch.no_grad():
+            ema(x)
+    assert zoo.traced(t.trace) == zoo.log == ["model_act", "ema_act"]
+    assert _hook_modules(t.trace, zoo) == {"model_act": "Net.act", "ema_act": "Net#2.act"}
+    assert [m.path for m in t.trace.modules] == ["Net", "Net.fc", "Net.act", "Net#2", "Net#2.fc", "Net#2.act"]
+
+
+def test_one_root_keeps_plain_paths_and_a_submodule_called_alone_is_not_a_root():
+    torch.manual_seed(0)
+    model = Net()
+    zoo = Zoo()
+    zoo.module(model.fc, "forward", "fc_out")
+    x = torch.randn(2, 4)
+    zoo.log.clear()
+    with hooktrace.trace() as t:
+        model.fc(x)  # called on its own first: still a part of `model`, the root called next
+        model(x)
+    assert zoo.traced(t.trace) == zoo.log == ["fc_out", "fc_out"]
+    assert [m.path for m in t.trace.modules] == ["", "fc", "act"]
+    assert _hook_modules(t.trace, zoo) == {"fc_out": "fc"}
+    assert [e.module for e in t.trace.events if e.type == "enter"] == ["fc", "", "fc", "act"]
+
+
+def test_a_module_given_is_the_only_root():
+    model, other = Net(), torch.nn.Linear(3, 1)
+    with hooktrace.trace(model) as t:
+        other(model(torch.randn(2, 4)))
+    assert [m.path for m in t.trace.modules] == ["", "fc", "act"]
+    assert [e.module for e in t.trace.events if e.type == "enter"] == ["", "fc", "act", None]
+
+
+def test_nothing_called_gives_no_modules():
+    with hooktrace.trace() as t:
+        torch.randn(2).sum()
+    assert t.trace.modules == [] and t.trace.events == []
