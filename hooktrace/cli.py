@@ -23,11 +23,13 @@ from .options import (
     RunOptions,
     UsageError,
     cli_option,
+    exec_option,
     view_options,
 )
 from .outputs import console as _console
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
+from .outputs import write as _write
 from .render import RENDERERS
 
 if TYPE_CHECKING:
@@ -392,6 +394,156 @@ def _command_path(group: Any, args: List[str], ctx: Any) -> str:
         return ctx.command_path
     first = next((a for a in args if not a.startswith("-")), None)
     return f"hooktrace {first}" if first in getattr(group, "commands", {}) else "hooktrace"
+
+
+@app.command(
+    name="exec",
+    context_settings={"allow_interspersed_args": False},
+    no_args_is_help=True,
+)
+def exec_(
+    script: Optional[List[str]] = typer.Argument(
+        None,
+        metavar="SCRIPT.py [ARGS]...",
+        help="The script and its arguments, as for python; everything after SCRIPT is the script's.",
+    ),
+    as_module: bool = typer.Option(
+        False, "-m", help="Run the first argument as a module, as python -m MODULE [ARGS]... does."
+    ),
+    start: int = exec_option("start", 0, min=0),
+    steps: int = exec_option("steps", 1, min=1),
+    step_on: str = exec_option("step_on", "optimizer"),
+    keep_running: bool = exec_option("keep_running", False),
+    nproc: Optional[int] = typer.Option(
+        None, "--nproc", metavar="N", min=1, help="Ranks to launch through PyTorch's elastic launcher."
+    ),
+    format: Optional[str] = FORMAT_OPT,
+    output: Optional[Path] = OUTPUT_OPT,
+    check: Optional[Path] = typer.Option(
+        None, "--check", metavar="GOLDEN.json", help="Exit 1 unless the order equals this trace."
+    ),
+    depth: Optional[int] = DEPTH_OPT,
+    module: Optional[str] = MODULE_OPT,
+    phase: Optional[str] = PHASE_OPT,
+    expand: bool = EXPAND_OPT,
+    all_surprises: bool = ALL_SURPRISES_OPT,
+    traceback: bool = TRACEBACK_OPT,
+) -> None:
+    """Run SCRIPT.py (or -m MODULE) as python would; trace the hooks of a window of its steps."""
+    from .runs.script import ExecOptions, Script
+
+    try:
+        if not script:
+            raise UsageError("give SCRIPT.py [ARGS]... or -m MODULE [ARGS]...")
+        target = (
+            Script(module=script[0], args=tuple(script[1:]))
+            if as_module
+            else Script(path=script[0], args=tuple(script[1:]))
+        )
+        options = ExecOptions(start=start, steps=steps, step_on=step_on, keep_running=keep_running).check()
+        view = view_options(depth, module, phase, expand, all_surprises)
+        if format is not None and format not in FORMATS:
+            raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+        golden = _load_trace(check) if check is not None else None
+        target.check()
+        if nproc is not None:
+            from .ranks.script import exec_ranks
+
+            raise typer.Exit(exec_ranks(nproc, sys.argv, output, format, view))
+    except UsageError as exc:
+        _fail(exc, traceback)
+    raise typer.Exit(_exec(target, options, format, output, golden, check, view, traceback))
+
+
+def _exec(
+    target: Any,
+    options: Any,
+    fmt: Optional[str],
+    output: Optional[Path],
+    golden: Optional[Trace],
+    check: Optional[Path],
+    view: dict[str, Any],
+    show_traceback: bool,
+) -> int:
+    """Run the script; show and write the trace as soon as the window closes; the script's exit code."""
+    from .ranks.result import rank_trace_path
+    from .runs.script import ScriptResult, run_script
+
+    def on_trace(result: ScriptResult) -> None:
+        trace, rank = result.trace, result.trace.meta.rank
+        if rank is None:
+            _output(trace, fmt, output, view)
+        else:  # under torchrun: every rank writes its file, only rank 0 shows the trace
+            if output is not None:
+                _write(trace, Path(rank_trace_path(str(output), rank)), None)
+            if rank == 0:
+                _output(trace, fmt, None, view)
+        if rank in (None, 0):
+            for note in result.notes:
+                _stderr(f"note: {note}")
+
+    try:
+        result = run_script(target, options, on_trace)
+    except UsageError as exc:
+        _fail(exc, show_traceback)
+    shown = result.trace.meta.rank in (None, 0)
+    code = result.exit_code
+    if result.exit_message is not None:
+        _stderr(result.exit_message)
+    if result.exception is not None:
+        if result.script_traceback:
+            sys.stderr.write(result.script_traceback)
+        _stderr(f"run failed: {result.error}")
+    if golden is not None and not _compare(golden, result.trace, str(check), target.label, check=shown):
+        code = max(code, EXIT_DIFFERENT)
+    if result.stopped_by is not None:
+        if shown:
+            _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
+        code = 128 + result.stopped_by.value
+    return code
+
+
+@app.command()
+def ranks(
+    files: List[Path] = typer.Argument(..., metavar="TRACE.rank0.json ...", help="One trace per rank."),
+    traceback: bool = TRACEBACK_OPT,
+) -> None:
+    """Do the ranks' hook orders agree? Per-rank traces from any nodes (exec under torchrun, run --nproc)."""
+    from .ranks.result import OK, RankOutcome, RanksResult
+
+    try:
+        traces = [(path, _load_trace(path)) for path in files]
+        by_rank: dict[int, tuple[Path, Trace]] = {}
+        for i, (path, trace) in enumerate(traces):
+            rank = trace.meta.rank if trace.meta.rank is not None else i
+            if rank in by_rank:
+                raise UsageError(
+                    f"{by_rank[rank][0]} and {path} are both rank {rank}; give one file per rank"
+                )
+            by_rank[rank] = (path, trace)
+    except UsageError as exc:
+        _fail(exc, traceback)
+    from .analysis.ranks import compare_ranks
+
+    worlds = {t.meta.world_size for _, t in by_rank.values() if t.meta.world_size is not None}
+    nproc = worlds.pop() if len(worlds) == 1 else len(by_rank)
+    outcomes = [
+        RankOutcome(rank, OK, trace_path=str(path), trace=trace)
+        for rank, (path, trace) in sorted(by_rank.items())
+    ]
+    result = RanksResult(
+        nproc=nproc,
+        show_rank=min(by_rank),
+        ranks=outcomes,
+        comparisons=compare_ranks({rank: trace for rank, (_, trace) in by_rank.items()}),
+    )
+    print(result.summary())
+    missing = sorted(set(range(nproc)) - set(by_rank))
+    if missing:
+        print(
+            f"missing: no trace given for rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+        )
+    raise typer.Exit(result.exit_code)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -74,6 +74,30 @@ FLAGS: dict[str, Flag] = {
 }
 
 
+# `hooktrace exec`'s window (runs/script.py ExecOptions), declared here with the other flags.
+EXEC_FLAGS: dict[str, Flag] = {
+    "start": Flag(("--start",), "Steps to run untraced before the window opens.", "K"),
+    "steps": Flag(("--steps",), "Steps traced in the window.", "N"),
+    "step_on": Flag(
+        ("--step-on",),
+        "What ends a step: each optimizer.step() of any optimizer (optimizer), each outermost "
+        "backward() (backward), or each outermost module call (forward).",
+        "optimizer|backward|forward",
+    ),
+    "keep_running": Flag(
+        ("--keep-running",), "After the window, let the script run on untraced instead of stopping it."
+    ),
+}
+
+
+def exec_option(name: str, default: Any = None, **typer_args: Any) -> Any:
+    """The typer declaration of an `exec` window flag."""
+    import typer
+
+    flag = EXEC_FLAGS[name]
+    return typer.Option(default, *flag.names, metavar=flag.metavar, help=flag.help, **typer_args)
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """Every option of one run. Defaults are the command line's defaults."""

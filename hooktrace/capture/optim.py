@@ -51,6 +51,8 @@ _STEP_MARK = (
     rf"(\1 if {_COMPILING} else {_IMPORT.format('optim', 'step_scope')}(profile_name))",
 )
 _record_function: Any = torch.autograd.profiler.record_function
+# Called when an outermost `optimizer.step()` returns on its thread (capture/steps.py sets it).
+on_step_end: Optional[Any] = None
 
 
 class _StepScope(_record_function):  # type: ignore[misc, valid-type]
@@ -69,11 +71,15 @@ class _StepScope(_record_function):  # type: ignore[misc, valid-type]
             shims.STEPPING[tid] = depth
         else:
             shims.STEPPING.pop(tid, None)
-        return super().__exit__(*exc)
+        result = super().__exit__(*exc)
+        watch = on_step_end
+        if depth <= 0 and exc[0] is None and watch is not None:
+            watch()  # may end the window, or stop the script (hooktrace exec)
+        return result
 
 
 def step_scope(name: str) -> Any:
-    if views._viewer is None or views._is_compiling():
+    if (views._viewer is None and on_step_end is None) or views._is_compiling():
         return _record_function(name)
     return _StepScope(name)
 

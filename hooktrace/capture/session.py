@@ -127,6 +127,22 @@ class TraceSession:
             with gc_paused():
                 self._record_held(model)
 
+    def known_sites(self, found: dict[int, Site]) -> None:
+        """Call sites of hooks registered before this capture (`hooktrace exec` watches registrations
+        from the script's first line): hooks with these handle ids get them. Before the block."""
+        self._book.sites.update(found)
+
+    def adopt_tensor(self, tensor: Any) -> None:
+        """Trace the hooks a tensor got before the block (as for a module's input, `_on_input`)."""
+        with self._lock:
+            if not self._active:
+                return
+            for hd in dicts.tensor_dicts(tensor):
+                for hid in list(hd.d or ()):
+                    self._book.wrap_tensor_hook(hd.d, hid, hd.kind, tensor)
+                if hd.d:
+                    self._book.infer_prepends(hd.d)
+
     def mark_step(self) -> None:
         """Start the next step: later events carry `step + 1`."""
         if not self._active:

@@ -1,0 +1,176 @@
+"""Where a step of a user's script ends (`hooktrace exec --step-on`), and registrations seen before
+the trace window opens.
+
+- `optimizer`: at the return of each outermost `optimizer.step()` on its thread, of any optimizer
+  (the step wrapper of every optimizer class is the capture's copy for the whole script, see
+  capture/optim.py; its hook-dict reads pass straight through while no capture is open);
+- `backward`: at the return of each outermost `torch.autograd.backward` (which `Tensor.backward`
+  calls) on its thread;
+- `forward`: at the return of each outermost module call on its thread, outside autograd's backward
+  (a checkpoint's recompute is not a new forward). This one counts module calls: before the window it
+  is the only per-call cost of `exec`.
+
+A step that raises does not end. The watchers live in capture/ because they patch torch and because
+frames here are plumbing to `sites.call_sites` (a registration under `loss.backward()` is the user's
+line's, not hooktrace's).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+import torch.autograd
+
+from . import dicts, optim, registry, shims, sites
+from .records import Site
+from .views import _is_compiling
+
+STEP_ON = ("optimizer", "backward", "forward")
+_TENSOR_KINDS = frozenset(kind for _, kind in dicts.TENSOR_DICTS)
+
+
+class StepWatch:
+    """Calls `on_step_end()` at the end of each step, as `step_on` defines it; `restore()` undoes it."""
+
+    def __init__(self, step_on: str, on_step_end: Callable[[], None]) -> None:
+        if step_on not in STEP_ON:
+            raise ValueError(f"step_on must be one of {STEP_ON}")
+        self.step_on = step_on
+        self._on_step_end = on_step_end
+        self._optim: Optional[optim.Installed] = None
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._inner: list[Any] = []  # forward: what the counting `__call__` calls
+        self._counting: Any = None
+
+    def install(self) -> None:
+        if self.step_on == "optimizer":
+            optim.on_step_end = self._on_step_end
+            self._optim = optim.Installed()
+        elif self.step_on == "backward":
+            self._set(torch.autograd, "backward", self._counting_backward(torch.autograd.backward))
+        else:
+            self._inner[:] = [vars(torch.nn.Module)["__call__"]]
+            self._set(torch.nn.Module, "__call__", self._counting_call(self._inner[0]))
+
+    def rewrap(self) -> None:
+        """forward: count around whatever `nn.Module.__call__` is now (a capture's wrapper when the
+        window has just opened, PyTorch's own when it has just closed)."""
+        if self.step_on != "forward" or not self._saved:
+            return
+        current = vars(torch.nn.Module)["__call__"]
+        if current is self._counting:  # the window closed: the capture put the counter back
+            self._inner[0] = self._saved[0][2]
+        else:  # the window opened: count around the capture's wrapper until it closes
+            self._inner[0] = current
+            torch.nn.Module.__call__ = self._counting  # type: ignore[method-assign]
+
+    def restore(self) -> None:
+        if optim.on_step_end is self._on_step_end:
+            optim.on_step_end = None
+        if self._optim is not None:
+            self._optim.restore()
+            self._optim = None
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
+
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        self._saved.append(
+            (owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name))
+        )
+        setattr(owner, name, value)
+
+    def _counting_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        depth: dict[int, int] = {}
+        on_step_end = self._on_step_end
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            tid = threading.get_ident()
+            level = depth.get(tid, 0)
+            depth[tid] = level + 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                depth[tid] = level
+            if level == 0:
+                on_step_end()
+            return result
+
+        backward.__wrapped__ = original  # type: ignore[attr-defined]
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+            setattr(backward, attr, getattr(original, attr))
+        return backward
+
+    def _counting_call(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        depth: dict[int, int] = {}
+        inner = self._inner
+        on_step_end = self._on_step_end
+        compiling = _is_compiling
+
+        def hooktrace_counted_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(module, *args, **kwargs)
+            tid = threading.get_ident()
+            level = depth.get(tid, 0)
+            depth[tid] = level + 1
+            try:
+                result = inner[0](module, *args, **kwargs)
+            finally:
+                depth[tid] = level
+            if level == 0 and not shims.in_backward():
+                on_step_end()
+            return result
+
+        hooktrace_counted_call.hooktrace_counting = True  # type: ignore[attr-defined]
+        hooktrace_counted_call.__name__ = original.__name__
+        hooktrace_counted_call.__qualname__ = original.__qualname__
+        hooktrace_counted_call.__wrapped__ = original  # type: ignore[attr-defined]
+        self._counting = hooktrace_counted_call
+        return hooktrace_counted_call
+
+
+class Registrations:
+    """Hook registrations before the window opens: where each was made (call sites, `prepend`), and
+    the tensors that got hooks (their hooks are traced once the window opens). Only registration
+    costs anything; nothing is wrapped. `pause()` while a capture is open (it sees them itself)."""
+
+    def __init__(self) -> None:
+        self.sites: dict[int, Site] = {}
+        self.tensors: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
+        self._installed = False
+
+    def install(self) -> None:
+        if not self._installed:
+            self._interceptor.install()
+            self._installed = True
+
+    def pause(self) -> None:
+        if self._installed:
+            self._interceptor.restore()
+            self._installed = False
+
+    restore = pause
+
+    def _site(self, frame: Any, prepend: bool = False) -> Site:
+        at, by = sites.call_sites(frame)
+        return Site(at, by, shims.in_backward(), prepend)
+
+    def _on_register(self, handle: Any, kind: str, owner: Any, arguments: dict, frame: Any) -> None:
+        self.sites[handle.id] = self._site(frame, bool(arguments.get("prepend", False)))
+        if kind in _TENSOR_KINDS and isinstance(owner, torch.Tensor):
+            try:
+                self.tensors[id(owner)] = owner
+            except TypeError:
+                pass
+
+    def _on_handle(self, handle: Any, frame: Any) -> None:
+        if sites._frame_class(frame.f_code.co_filename) == sites.PLUMBING:
+            return  # BackwardHook's node hooks, made at each call of a module with backward hooks
+        self.sites.setdefault(handle.id, self._site(frame))
+
+    def _on_remove(self, handle: Any) -> None:
+        pass

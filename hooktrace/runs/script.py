@@ -1,0 +1,362 @@
+"""Drive `hooktrace exec`: run a user's script as `python SCRIPT.py ARGS` would, and trace a window
+of its steps.
+
+From the script's first line, hook registrations are watched (call sites, `prepend`; nothing is
+wrapped, capture/steps.py `Registrations`) and step ends are counted (`--step-on`, capture/steps.py
+`StepWatch`). The capture itself (`TraceSession` without a model: each outermost module call is a
+root) is opened when `start` steps have ended and closed when `steps` more have: only then are
+module calls and hook firings traced. When the window closes the trace is handed to `on_trace`,
+and the script is stopped there (`ScriptStopped`, exit 0) unless `keep_running`.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..options import UsageError
+from ..schema import Trace
+from .failure import describe_error, failing_event
+from .stop import Stopped
+
+STEP_ON = ("optimizer", "backward", "forward")
+_STEP_WORDS = {
+    "optimizer": "optimizer.step()",
+    "backward": "outermost backward()",
+    "forward": "outermost module call",
+}
+
+
+@dataclass(frozen=True)
+class ExecOptions:
+    """The window: `start` steps untraced, then `steps` traced; what ends a step; what happens after."""
+
+    start: int = 0
+    steps: int = 1
+    step_on: str = "optimizer"
+    keep_running: bool = False
+
+    def check(self) -> ExecOptions:
+        if self.start < 0:
+            raise UsageError(f"--start {self.start}: give 0 or more steps to run untraced first")
+        if self.steps < 1:
+            raise UsageError(f"--steps {self.steps}: give at least 1")
+        if self.step_on not in STEP_ON:
+            raise UsageError(f"unknown --step-on {self.step_on!r}; use one of {', '.join(STEP_ON)}")
+        return self
+
+
+@dataclass(frozen=True)
+class Script:
+    """What to run: a file (`path`) or a module (`module`, as `python -m`), and its arguments."""
+
+    path: Optional[str] = None
+    module: Optional[str] = None
+    args: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"-m {self.module}" if self.module is not None else str(self.path)
+
+    def check(self) -> Script:
+        """UsageError for a file that is not there or a module that cannot be found (before torch)."""
+        if self.module is not None:
+            import importlib.util
+
+            sys.path.insert(0, os.getcwd())
+            try:
+                found = importlib.util.find_spec(self.module)
+            except (ImportError, ValueError) as exc:
+                raise UsageError(f"cannot find module {self.module!r}: {exc}") from exc
+            finally:
+                sys.path.pop(0)
+            if found is None:
+                raise UsageError(
+                    f"no module named {self.module!r}; run from the folder that holds it, or give SCRIPT.py"
+                )
+            return self
+        if self.path is None or not os.path.exists(self.path):
+            raise UsageError(
+                f"script not found: {self.path}; give SCRIPT.py [ARGS]... or -m MODULE [ARGS]..."
+            )
+        return self
+
+
+class ScriptStopped(BaseException):
+    """Raised in the script once the window has closed: hooktrace stops it there (not an error)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        super().__init__(f"hooktrace stopped the script after step {step}")
+
+
+@dataclass
+class ScriptResult:
+    """What `exec` gives back: the trace of the window (possibly partial), and how the script ended.
+
+    `exit_code`: the script's own (its `sys.exit` code, 1 when it raised, 0 when it ended or was
+    stopped after the window); `stopped_after`: the number of steps after which hooktrace stopped it."""
+
+    trace: Trace
+    exit_code: int = 0
+    exception: Optional[BaseException] = None
+    error: Optional[str] = None
+    script_traceback: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+    steps_ended: int = 0
+    stopped_after: Optional[int] = None
+    stopped_by: Optional[signal.Signals] = None
+    exit_message: Optional[str] = None  # `sys.exit("text")`: Python prints it to stderr
+
+
+def _rank_meta() -> tuple[Optional[int], Optional[int]]:
+    """RANK / WORLD_SIZE as torchrun (or any launcher) sets them, else (None, None)."""
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None, None
+    return rank, world
+
+
+class _Window:
+    """Counts step ends; opens the capture after `start`, closes it after `start + steps`."""
+
+    def __init__(
+        self, script: Script, options: ExecOptions, on_trace: Callable[[ScriptResult], None]
+    ) -> None:
+        from ..capture.steps import Registrations, StepWatch
+
+        self.script = script
+        self.options = options
+        self.on_trace = on_trace
+        self.ended = 0
+        self.state = "before"  # -> "open" -> "closed"
+        self.session: Any = None
+        self.result: Optional[ScriptResult] = None
+        self.output_error: Optional[BaseException] = None
+        self.registrations = Registrations()
+        self.watch = StepWatch(options.step_on, self.step_ended)
+
+    def install(self) -> None:
+        self.registrations.install()
+        self.watch.install()
+        if self.options.start == 0:
+            self.open()
+
+    def restore(self) -> None:
+        self.watch.restore()
+        self.registrations.restore()
+
+    def step_ended(self) -> None:
+        self.ended += 1
+        options = self.options
+        if self.state == "before":
+            if self.ended >= options.start:
+                self.open()
+        elif self.state == "open":
+            if self.ended >= options.start + options.steps:
+                self.close()
+                if not options.keep_running:
+                    raise ScriptStopped(self.ended)
+            else:
+                self.session.mark_step()
+        elif not options.keep_running:  # the script caught ScriptStopped and went on
+            raise ScriptStopped(self.ended)
+
+    def open(self) -> None:
+        from ..capture.session import TraceSession
+
+        self.registrations.pause()  # the capture sees registrations itself now
+        session = TraceSession(None, target=self.script.label)
+        session.known_sites(dict(self.registrations.sites))
+        session.__enter__()
+        self.session = session
+        for tensor in list(self.registrations.tensors.values()):
+            session.adopt_tensor(tensor)
+        self.watch.rewrap()
+        self.state = "open"
+
+    def close(self, ended_by: Optional[str] = None) -> ScriptResult:
+        """End the capture and hand the trace over (once)."""
+        if self.result is not None:
+            return self.result
+        if self.state == "open":
+            self.session.__exit__(None, None, None)
+            self.watch.rewrap()
+        self.state = "closed"
+        if self.options.keep_running:  # nothing more to count: the script runs as if untraced
+            self.restore()
+        self.result = self._result(ended_by)
+        try:
+            self.on_trace(self.result)
+        except BaseException as exc:  # e.g. the output cannot be written: reported after the script
+            self.output_error = exc
+        return self.result
+
+    def _result(self, ended_by: Optional[str]) -> ScriptResult:
+        from ..capture.session import TraceSession
+
+        session = self.session
+        if session is None:  # the window never opened: an empty trace
+            session = TraceSession(None, target=self.script.label)
+            with session:
+                pass
+        rank, world = _rank_meta()
+        session.set_meta(target=self.script.label, rank=rank, world_size=world)
+        return ScriptResult(trace=session.trace, notes=self._notes(ended_by), steps_ended=self.ended)
+
+    def _notes(self, ended_by: Optional[str]) -> list[str]:
+        options = self.options
+        words = _STEP_WORDS[options.step_on]
+        last = options.start + options.steps
+        window = (
+            f"step {options.start}" if options.steps == 1 else f"steps {options.start}-{last - 1}"
+        ) + f" (a step ends at each {words})"
+        if ended_by is None:
+            what = "stopped the script there" if not options.keep_running else "the script ran on untraced"
+            return [f"traced {window}; {what}"]
+        notes = []
+        if self.ended < options.start:
+            notes.append(
+                f"the script {ended_by} after {self.ended} step{'s' if self.ended != 1 else ''}, before the "
+                f"window opened (--start {options.start}): nothing traced"
+            )
+        else:
+            notes.append(f"the script {ended_by} inside the window: traced {window}, as far as it went")
+        if self.ended == 0 and options.step_on == "optimizer" and ended_by in ("ended", "exited with code 0"):
+            notes.append(
+                "the script never called optimizer.step(): every step counted as one; give --step-on backward "
+                "or --step-on forward to cut it into steps"
+            )
+        return notes
+
+
+def _exit_code(exc: SystemExit) -> tuple[int, Optional[str]]:
+    """As Python exits on `sys.exit(code)`: None -> 0, an int, anything else printed and 1."""
+    code = exc.code
+    if code is None:
+        return 0, None
+    if isinstance(code, int):
+        return code, None
+    return 1, str(code)
+
+
+def _script_traceback(exc: BaseException) -> str:
+    """The traceback as `python SCRIPT.py` would print it: from the script's own frames on."""
+    tb = exc.__traceback__
+    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, runpy.__file__)
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+class _SysState:
+    """`sys.argv` and `sys.path[0]` as Python sets them for the script; put back afterwards."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self._argv: list[str] = []
+        self._path0: Optional[str] = None
+
+    def __enter__(self) -> _SysState:
+        self._argv = sys.argv
+        self._path0 = sys.path[0] if sys.path else None
+        script = self.script
+        first = (
+            os.getcwd() if script.module is not None else os.path.dirname(os.path.abspath(str(script.path)))
+        )
+        if sys.path:
+            sys.path[0] = first
+        else:
+            sys.path.append(first)
+        # runpy.run_module sets argv[0] to the module's file itself
+        sys.argv = [str(script.path) if script.module is None else script.module, *script.args]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.argv = self._argv
+        if self._path0 is not None and sys.path:
+            sys.path[0] = self._path0
+
+
+class _Sigterm:
+    """SIGTERM raises `Stopped` in the script (as for `run`), unless the script installs its own handler.
+    SIGINT keeps Python's own handler: the script sees KeyboardInterrupt, as it would untraced."""
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+
+    def __enter__(self) -> _Sigterm:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                self._previous = signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    @staticmethod
+    def _handler(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None and signal.getsignal(signal.SIGTERM) == self._handler:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def run_script(
+    script: Script, options: ExecOptions, on_trace: Callable[[ScriptResult], None]
+) -> ScriptResult:
+    """Run the script, trace its window; `on_trace(result)` is called once, as soon as the trace is
+    complete (the window closed, or the script ended / raised / was stopped first).
+
+    Returns the result with the script's exit code. UsageError for a script that cannot be found."""
+    options.check()
+    script.check()
+    window = _Window(script, options, on_trace)
+    exception: Optional[BaseException] = None
+    exit_code, exit_message, stopped_by = 0, None, None
+    stopped_after: Optional[int] = None
+    ended_by = "ended"
+    with _SysState(script), _Sigterm():
+        try:
+            window.install()
+            if script.module is not None:
+                runpy.run_module(script.module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(str(script.path), run_name="__main__")
+        except ScriptStopped as exc:
+            stopped_after, ended_by = exc.step, "was stopped"
+        except SystemExit as exc:
+            exit_code, exit_message = _exit_code(exc)
+            ended_by = f"exited with code {exit_code}"
+        except KeyboardInterrupt:
+            stopped_by, ended_by = signal.SIGINT, "was interrupted (SIGINT)"
+        except Stopped as exc:
+            stopped_by, ended_by = exc.signal, f"was stopped by {exc.signal.name}"
+        except BaseException as exc:  # the script, the model or a hook raised
+            exception, exit_code = exc, 1
+            ended_by = f"raised {type(exc).__name__}"
+        finally:
+            try:
+                result = window.close(ended_by=None if window.state == "closed" else ended_by)
+            finally:
+                window.restore()
+    if window.output_error is not None:
+        raise window.output_error
+    result.exit_code = exit_code
+    result.exit_message = exit_message
+    result.stopped_after = stopped_after
+    result.stopped_by = stopped_by
+    if exception is not None:
+        result.exception = exception
+        result.script_traceback = _script_traceback(exception)
+        if failing_event(result.trace, exception) is not None:
+            result.error = describe_error(result.trace, exception)
+        else:
+            result.error = f"the script raised {type(exception).__name__}: {exception}"
+    return result
