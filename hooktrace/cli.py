@@ -446,13 +446,29 @@ def exec_(
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
         golden = _load_trace(check) if check is not None else None
         target.check()
-        if nproc is not None:
-            from .ranks.script import exec_ranks
-
-            raise typer.Exit(exec_ranks(nproc, sys.argv, output, format, view))
     except UsageError as exc:
         _fail(exc, traceback)
+    if nproc is not None:
+        rank_args = ["-s", str(start), f"--steps={steps}", f"--step-on={step_on}"]
+        rank_args += ["--keep-running"] if keep_running else []
+        rank_args += [f"--format={format}"] if format is not None else []
+        rank_args += [f"{VIEW_FLAGS[k]}={v}" if v is not True else VIEW_FLAGS[k] for k, v in view.items()]
+        raise typer.Exit(
+            _exec_ranks(nproc, rank_args, (["-m"] if as_module else []) + list(script or []), output)
+        )
     raise typer.Exit(_exec(target, options, format, output, golden, check, view, traceback))
+
+
+def _exec_ranks(nproc: int, rank_args: list[str], script: list[str], output: Optional[Path]) -> int:
+    """`exec --nproc N`: the ranks through torchrun (rank 0 shows its trace), then their agreement."""
+    from .ranks.script import exec_ranks
+
+    result, launcher = exec_ranks(nproc, rank_args, script, str(output) if output is not None else None)
+    _stderr(result.summary())
+    code = result.exit_code
+    if code == 0 and launcher != 0:
+        code = launcher if launcher > 0 else 128 - launcher
+    return code
 
 
 def _exec(

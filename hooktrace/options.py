@@ -76,7 +76,10 @@ FLAGS: dict[str, Flag] = {
 
 # `hooktrace exec`'s window (runs/script.py ExecOptions), declared here with the other flags.
 EXEC_FLAGS: dict[str, Flag] = {
-    "start": Flag(("--start",), "Steps to run untraced before the window opens.", "K"),
+    # `-s`: under torchrun, whose parser takes `--start` for an abbreviation of its `--start-method`
+    "start": Flag(
+        ("--start", "-s"), "Steps to run untraced before the window opens (-s under torchrun).", "K"
+    ),
     "steps": Flag(("--steps",), "Steps traced in the window.", "N"),
     "step_on": Flag(
         ("--step-on",),

@@ -405,6 +405,12 @@ class TraceSession:
             if self._active:
                 comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call))
 
+    def comm_hook_at(self, ddp: Any, hook: Any, site: Optional[Site]) -> None:
+        """A DDP comm hook registered before this capture, at `site` (`hooktrace exec` saw it)."""
+        with self._lock:
+            if self._active:
+                comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call))
+
     # -- hooks the model holds --------------------------------------------------------------
     def _path_of(self, module: Any) -> Optional[str]:
         """The module's path in the model now (or None); paths are kept by key, the module is not."""

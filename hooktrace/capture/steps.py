@@ -17,6 +17,7 @@ line's, not hooktrace's).
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from typing import Any, Callable, Optional
@@ -142,16 +143,48 @@ class Registrations:
         self.tensors: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._installed = False
+        self._comm: Optional[tuple[Any, Any]] = None  # (torch.distributed, its _register_comm_hook)
+        self.comm_hooks: list[tuple[Any, Any, Site]] = []  # (weakref to the DDP module, hook, site)
 
     def install(self) -> None:
         if not self._installed:
             self._interceptor.install()
             self._installed = True
+            dist = getattr(torch, "distributed", None)
+            original = getattr(dist, "_register_comm_hook", None) if dist is not None else None
+            if original is not None:
+                self._comm = (dist, original)
+                dist._register_comm_hook = self._comm_patch(original)
 
     def pause(self) -> None:
         if self._installed:
             self._interceptor.restore()
             self._installed = False
+            if self._comm is not None:
+                dist, original = self._comm
+                dist._register_comm_hook = original
+                self._comm = None
+
+    def _comm_patch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """DDP communication hooks registered before the window: the reducer gets the user's hook as
+        it is; the hook, its DDP module and where it was registered are remembered, and traced
+        through its code while the window is open (capture/comm.py)."""
+        site_of = self._site
+        found = self.comm_hooks
+
+        def _register_comm_hook(reducer: Any, state: Any, hook: Any) -> Any:
+            result = original(reducer, state, hook)
+            if not _is_compiling() and callable(hook):
+                frame = sys._getframe(1)
+                ddp = frame.f_locals.get("self")
+                if not isinstance(ddp, torch.nn.Module):
+                    ddp = None
+                elif frame.f_back is not None:
+                    frame = frame.f_back  # the caller of DistributedDataParallel.register_comm_hook
+                found.append((weakref.ref(ddp) if ddp is not None else (lambda: None), hook, site_of(frame)))
+            return result
+
+        return _register_comm_hook
 
     restore = pause
 

@@ -178,6 +178,8 @@ class _Window:
         self.session = session
         for tensor in list(self.registrations.tensors.values()):
             session.adopt_tensor(tensor)
+        for ddp, hook, site in self.registrations.comm_hooks:
+            session.comm_hook_at(ddp(), hook, site)
         self.watch.rewrap()
         self.state = "open"
 

@@ -10,6 +10,8 @@ STEP = [0]  # the script's own count of optimizer steps (or backward calls): the
 
 def record(name: str) -> None:
     path = os.environ.get("HOOKTRACE_TEST_LOG")
+    if path and "RANK" in os.environ:  # one log per rank
+        path = f"{path}.rank{os.environ['RANK']}"
     if path:
         with open(path, "a") as f:
             f.write(f"{STEP[0]} {name}\n")
