@@ -20,6 +20,7 @@ import typer
 from .options import (
     PHASE_CHOICES,
     ROOT_LABEL,
+    VIEW_FLAGS,
     RunOptions,
     UsageError,
     cli_option,

@@ -218,3 +218,17 @@ def test_stopped_after_the_window_in_a_real_process(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "finished" not in done.stdout
     assert _traced(hooktrace.load(tmp_path / "t.json")) == _logged(tmp_path / "hooks.log", 1, 1)
+
+
+def test_a_hook_registered_in_the_loop_accumulates(exec_in, tmp_path):
+    out_path = tmp_path / "t.json"
+    code, _out, err, log = exec_in("--start", "1", "--steps", "2", "-o", str(out_path), "leak.py")
+    assert code == 0, err
+    trace = hooktrace.load(out_path)
+    assert _traced(trace) == _logged(log, 1, 2) == ["log_output"] * (2 + 3)
+    [found] = [s for s in trace.surprises if s.rule == "accumulating"]
+    assert "2 in step 0, 3 in step 1" in found.message
+    code, _out, err, log = exec_in("--start", "1", "--steps", "2", "-o", str(out_path), "leak.py", "--remove")
+    trace = hooktrace.load(out_path)
+    assert _traced(trace) == _logged(log, 1, 2) == ["log_output"] * 2
+    assert "accumulating" not in [s.rule for s in trace.surprises]

@@ -29,6 +29,7 @@ from ..kinds import (
     K,
 )
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
+from .accumulating import accumulating
 from .calls import Call, in_order
 from .calls import calls as module_calls
 from .firings import firings, hook_of, level_of, place, plural
@@ -434,6 +435,7 @@ RULES: dict[str, Callable[[Trace], list[Surprise]]] = {
     "hook-error": hook_error,
     "registered-during-run": registered_during_run,
     "output-hook-before-backward-pre": output_hook_before_backward_pre,
+    "accumulating": accumulating,
     "forward-wrapper": forward_wrapper,  # beyond SPEC §4's table: a whole training step's rules
     "step-in-grad-hook": step_in_grad_hook,
 }
