@@ -45,7 +45,7 @@ def accumulating(trace: Trace) -> list[Surprise]:
         fired[_code(hooks[e.hook])][e.step].setdefault(e.hook, e.seq)
     last = max(steps, default=0)
     out = []
-    for code, by_step in fired.items():
+    for by_step in fired.values():
         first = min(by_step)
         if last - first < 1:
             continue
