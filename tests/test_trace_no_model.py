@@ -103,3 +103,30 @@ def test_nothing_called_gives_no_modules():
     with hooktrace.trace() as t:
         torch.randn(2).sum()
     assert t.trace.modules == [] and t.trace.events == []
+
+
+def test_a_closure_given_to_optimizer_step_is_not_the_optimizer_phase():
+    """Lightning and LBFGS run forward and backward in a closure inside `optimizer.step(closure)`."""
+    torch.manual_seed(0)
+    model = Net()
+    zoo = Zoo()
+    zoo.module(model.fc, "forward", "fc_out")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    zoo_post = opt.register_step_post_hook(zoo.fn("post"))
+    zoo.labels[zoo_post.id] = "post"
+    x = torch.randn(2, 4)
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        return loss
+
+    zoo.log.clear()
+    with hooktrace.trace() as t:
+        opt.step(closure)
+        opt.step(closure=closure)
+    assert zoo.traced(t.trace) == zoo.log == ["fc_out", "post"] * 2
+    phases = [(zoo.labels[e.hook], e.phase) for e in t.trace.events if e.type == "hook"]
+    assert phases == [("fc_out", "forward"), ("post", "optimizer")] * 2
+    assert {e.phase for e in t.trace.events if e.type == "enter"} == {"forward"}

@@ -50,6 +50,12 @@ _STEP_MARK = (
     re.compile(r"\b(torch\.autograd\.profiler\.record_function\(profile_name\))"),
     rf"(\1 if {_COMPILING} else {_IMPORT.format('optim', 'step_scope')}(profile_name))",
 )
+# `out = func(*args, **kwargs)`: a closure given to the step (Lightning, LBFGS) runs forward and
+# backward; while it runs, module calls are not in the optimizer phase (`step_call`).
+_STEP_CALL = (
+    re.compile(r"\bout = func\(\*args, \*\*kwargs\)"),
+    f"out = (func(*args, **kwargs) if {_COMPILING} else {_IMPORT.format('optim', 'step_call')}(func, args, kwargs))",
+)
 _record_function: Any = torch.autograd.profiler.record_function
 # Called when an outermost `optimizer.step()` returns on its thread (capture/steps.py sets it).
 on_step_end: Optional[Any] = None
@@ -78,6 +84,31 @@ class _StepScope(_record_function):  # type: ignore[misc, valid-type]
         return result
 
 
+def _outside_step(closure: Any) -> Any:
+    def hooktrace_closure(*args: Any, **kwargs: Any) -> Any:
+        tid = threading.get_ident()
+        depth = shims.STEPPING.pop(tid, None)
+        try:
+            return closure(*args, **kwargs)
+        finally:
+            if depth is not None:
+                shims.STEPPING[tid] = depth
+
+    hooktrace_closure.__wrapped__ = closure  # type: ignore[attr-defined]
+    return hooktrace_closure
+
+
+def step_call(func: Any, args: Any, kwargs: Any) -> Any:
+    """The step's own `func(*args, **kwargs)`; while a capture is open, a closure it was given runs
+    outside the optimizer phase (its forward and backward are the step's model work, not the update)."""
+    if views._viewer is not None and not views._is_compiling():
+        if callable(kwargs.get("closure")):
+            kwargs = {**kwargs, "closure": _outside_step(kwargs["closure"])}
+        elif len(args) == 2 and callable(args[1]) and not kwargs:
+            args = (args[0], _outside_step(args[1]))
+    return func(*args, **kwargs)
+
+
 def step_scope(name: str) -> Any:
     if (views._viewer is None and on_step_end is None) or views._is_compiling():
         return _record_function(name)
@@ -94,7 +125,7 @@ def copies() -> views._Copies:
             torch.optim.Optimizer,
             optim_module,
             _READ,
-            (_STEP_MARK,),
+            (_STEP_MARK, _STEP_CALL),
             substitute=_substitute,
             required=frozenset({"profile_hook_step", "state_dict", "load_state_dict"}),  # not a kind: methods
             reads=frozenset(ATTRS + tuple(attr for attr, _ in dicts.GLOBAL_OPTIMIZER_DICTS)),
