@@ -223,6 +223,7 @@ def bench_cli(quick: bool, tmp: Path) -> list[Row]:
         "cli_help": ["--help"],
         "cli_render": ["render", str(a)],
         "cli_diff": ["diff", str(a), str(b)],
+        "cli_exec_help": ["exec", "--help"],
     }
     rows = {
         key: Row(key, f"`hooktrace {args[0]}` start-up / `python -c 'import torch'`", "ratio", 0.15)
@@ -259,6 +260,60 @@ def bench_cli(quick: bool, tmp: Path) -> list[Row]:
             "exit_codes": sorted(codes[key]),
         }
     return list(rows.values())
+
+
+# -- exec: the steps outside the window ---------------------------------------------------------------
+EXEC_SCRIPT = Path(__file__).resolve().parent / "exec_script.py"
+UNTRACED = [*range(1, 10), *range(12, 20)]  # outside the window (10, 11); step 0 is warm-up
+
+
+def bench_exec(quick: bool, tmp: Path) -> list[Row]:
+    """Pairs of processes, interleaved: `python exec_script.py` and `hooktrace exec --start 10 --steps 2
+    --keep-running exec_script.py`; per pair, the untraced steps' summed time traced / plain."""
+    row = Row(
+        "exec_untraced_steps",
+        "`hooktrace exec --start 10 --steps 2`: the 17 steps outside the window / the same steps under plain python",
+        "ratio",
+        1.02,
+    )
+    exe = shutil.which("hooktrace")
+    prefix = [exe] if exe else [sys.executable, "-m", "hooktrace"]
+    plain_cmd = [sys.executable, str(EXEC_SCRIPT)]
+    traced_cmd = [
+        *prefix,
+        "exec",
+        "--start",
+        "10",
+        "--steps",
+        "2",
+        "--keep-running",
+        "-o",
+        str(tmp / "e.json"),
+    ]
+    traced_cmd.append(str(EXEC_SCRIPT))
+    ratios, plain_ms, window_ms = [], [], []
+    for i in range(2 if quick else 6):
+        sums = {}
+        for kind in ("plain", "traced") if i % 2 == 0 else ("traced", "plain"):
+            out = tmp / f"{kind}.json"
+            cmd = plain_cmd if kind == "plain" else traced_cmd
+            proc = subprocess.run([*cmd, str(out)], capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                return [not_measurable(row, f"{kind} run failed: {proc.stderr.strip()[-300:]}")]
+            times = json.loads(out.read_text())
+            sums[kind] = sum(times[s] for s in UNTRACED)
+            if kind == "traced":
+                window_ms.append(1000 * (times[10] + times[11]) / 2)
+            else:
+                plain_ms.append(1000 * sums[kind] / len(UNTRACED))
+        ratios.append(sums["traced"] / sums["plain"])
+    row.values = ratios
+    row.details = {
+        "plain_step_ms": statistics.median(plain_ms),
+        "window_step_ms": statistics.median(window_ms),
+        "steps_compared": UNTRACED,
+    }
+    return [row]
 
 
 # -- row 7: tree / SVG render of a 24-layer transformer ------------------------------------------------
@@ -323,8 +378,9 @@ BENCHES: dict[str, Callable[..., list[Row]]] = {
     "save_load": bench_save_load,
     "cli": bench_cli,
     "render": bench_render,
+    "exec": bench_exec,
 }
-NEEDS_TMP = {"save_load", "cli"}
+NEEDS_TMP = {"save_load", "cli", "exec"}
 GROUPS = {
     "hook_heavy": ("hook_heavy_step", "hook_heavy_session"),
     "transformer": ("transformer_step", "transformer_session"),
@@ -332,8 +388,9 @@ GROUPS = {
     "shim": ("shim_overhead",),
     "memory": ("memory_per_event",),
     "save_load": ("save_load", "file_size"),
-    "cli": ("cli_help", "cli_render", "cli_diff"),
+    "cli": ("cli_help", "cli_render", "cli_diff", "cli_exec_help"),
     "render": ("render_tree", "render_svg"),
+    "exec": ("exec_untraced_steps",),
 }
 
 

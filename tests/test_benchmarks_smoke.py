@@ -29,6 +29,8 @@ ROWS = {
     "cli_help",
     "cli_render",
     "cli_diff",
+    "cli_exec_help",
+    "exec_untraced_steps",
     "render_tree",
     "render_svg",
 }
