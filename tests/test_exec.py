@@ -236,3 +236,16 @@ def test_a_hook_registered_in_the_loop_accumulates(exec_in, tmp_path):
     trace = hooktrace.load(out_path)
     assert _traced(trace) == _logged(log, 1, 2) == ["log_output"] * 2
     assert "accumulating" not in [s.rule for s in trace.surprises]
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_stops_the_script_with_the_partial_trace(tmp_path, name, code):
+    done = subprocess.run(
+        [sys.executable, "-m", "hooktrace", "exec", "--steps", "5", "-o", str(tmp_path / "t.json"), "signals.py", name],
+        cwd=SCRIPTS, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert "not stopped" not in done.stdout
+    assert f"stopped by {name}: the trace above is partial" in done.stderr
+    trace = hooktrace.load(tmp_path / "t.json")
+    assert {e.step for e in trace.events} == {0, 1, 2}
