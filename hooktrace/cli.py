@@ -421,7 +421,13 @@ def exec_(
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
     check: Optional[Path] = typer.Option(
-        None, "--check", metavar="GOLDEN.json", help="Exit 1 unless the order equals this trace."
+        None,
+        "--check",
+        metavar="GOLDEN.json|GOLDEN.txt",
+        help="Exit 1 unless the order equals this saved trace or order file.",
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="With --check: print only the differences (nothing when equal)."
     ),
     depth: Optional[int] = DEPTH_OPT,
     module: Optional[str] = MODULE_OPT,
@@ -445,7 +451,9 @@ def exec_(
         view = view_options(depth, module, phase, expand, all_surprises)
         if format is not None and format not in FORMATS:
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
-        golden = _load_trace(check) if check is not None else None
+        if quiet and check is None:
+            raise UsageError("-q goes with --check GOLDEN; add --check or drop -q")
+        golden = _load_side(check) if check is not None else None
         target.check()
     except UsageError as exc:
         _fail(exc, traceback)
@@ -457,7 +465,7 @@ def exec_(
         raise typer.Exit(
             _exec_ranks(nproc, rank_args, (["-m"] if as_module else []) + list(script or []), output)
         )
-    raise typer.Exit(_exec(target, options, format, output, golden, check, view, traceback))
+    raise typer.Exit(_exec(target, options, format, output, golden, view, traceback, quiet))
 
 
 def _exec_ranks(nproc: int, rank_args: list[str], script: list[str], output: Optional[Path]) -> int:
@@ -477,10 +485,10 @@ def _exec(
     options: Any,
     fmt: Optional[str],
     output: Optional[Path],
-    golden: Optional[Trace],
-    check: Optional[Path],
+    golden: Optional[Side],
     view: dict[str, Any],
     show_traceback: bool,
+    quiet: bool = False,
 ) -> int:
     """Run the script; show and write the trace as soon as the window closes; the script's exit code."""
     from .ranks.result import rank_trace_path
@@ -489,7 +497,8 @@ def _exec(
     def on_trace(result: ScriptResult) -> None:
         trace, rank = result.trace, result.trace.meta.rank
         if rank is None:
-            _output(trace, fmt, output, view)
+            if not (quiet and output is None):
+                _output(trace, fmt, output, view, quiet)
         else:  # under torchrun: every rank writes its file, only rank 0 shows the trace
             if output is not None:
                 _write(trace, Path(rank_trace_path(str(output), rank)), None)
@@ -511,8 +520,11 @@ def _exec(
         if result.script_traceback:
             sys.stderr.write(result.script_traceback)
         _stderr(f"run failed: {result.error}")
-    if golden is not None and not _compare(golden, result.trace, str(check), target.label, check=shown):
-        code = max(code, EXIT_DIFFERENT)
+    if golden is not None and shown:
+        from .compare import Side
+
+        if not _compare(golden, Side(result.trace, False, target.label), check=True, quiet=quiet):
+            code = max(code, EXIT_DIFFERENT)
     if result.stopped_by is not None:
         if shown:
             _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")

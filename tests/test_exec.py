@@ -249,3 +249,14 @@ def test_a_signal_stops_the_script_with_the_partial_trace(tmp_path, name, code):
     assert f"stopped by {name}: the trace above is partial" in done.stderr
     trace = hooktrace.load(tmp_path / "t.json")
     assert {e.step for e in trace.events} == {0, 1, 2}
+
+
+def test_check_against_a_golden_trace(exec_in, tmp_path):
+    golden = tmp_path / "golden.txt"
+    code, _out, err, _log = exec_in("--start", "1", "-o", str(golden), "loop.py", "--steps", "3")
+    assert code == 0, err
+    code, out, err, _log = exec_in("--start", "1", "--check", str(golden), "-q", "loop.py", "--steps", "3")
+    assert code == 0, err
+    assert out == ""  # -q: nothing when the orders are equal
+    code, _out, err, _log = exec_in("--start", "1", "--check", str(golden), "leak.py")
+    assert code == 1
