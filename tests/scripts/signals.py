@@ -17,7 +17,7 @@ def maybe_stop(module, args, output):
 model = torch.nn.Linear(2, 1)
 model.register_forward_hook(maybe_stop)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(5):
+for step in range(5):  # noqa: B007  (maybe_stop reads it)
     model(torch.randn(1, 2)).sum().backward()
     opt.step()
 print("not stopped", flush=True)
