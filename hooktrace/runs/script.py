@@ -169,10 +169,11 @@ class _Window:
             raise ScriptStopped(self.ended)
 
     def open(self) -> None:
+        from ..analysis.surprises import find_surprises
         from ..capture.session import TraceSession
 
         self.registrations.pause()  # the capture sees registrations itself now
-        session = TraceSession(None, target=self.script.label)
+        session = TraceSession(None, target=self.script.label, analyse=find_surprises)
         session.known_sites(dict(self.registrations.sites))
         session.__enter__()
         self.session = session
@@ -201,11 +202,12 @@ class _Window:
         return self.result
 
     def _result(self, ended_by: Optional[str]) -> ScriptResult:
+        from ..analysis.surprises import find_surprises
         from ..capture.session import TraceSession
 
         session = self.session
         if session is None:  # the window never opened: an empty trace
-            session = TraceSession(None, target=self.script.label)
+            session = TraceSession(None, target=self.script.label, analyse=find_surprises)
             with session:
                 pass
         rank, world = _rank_meta()
