@@ -20,7 +20,6 @@ import typer
 from .options import (
     PHASE_CHOICES,
     ROOT_LABEL,
-    VIEW_FLAGS,
     RunOptions,
     UsageError,
     cli_option,
@@ -30,7 +29,6 @@ from .options import (
 from .outputs import console as _console
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
-from .outputs import write as _write
 from .render import RENDERERS
 
 if TYPE_CHECKING:
@@ -97,6 +95,15 @@ PHASE_OPT = typer.Option(None, "--phase", metavar="PHASE", help=f"Tree: only {'|
 EXPAND_OPT = typer.Option(False, "--expand", help="Tree: do not collapse repeated identical siblings.")
 ALL_SURPRISES_OPT = typer.Option(
     False, "--all-surprises", help="Tree: show info-level surprises too, not only their count."
+)
+CHECK_OPT = typer.Option(
+    None,
+    "--check",
+    metavar="GOLDEN.json|GOLDEN.txt",
+    help="Exit 1 unless the order equals this saved trace or order file.",
+)
+QUIET_OPT = typer.Option(
+    False, "--quiet", "-q", help="With --check: print only the differences (nothing when equal)."
 )
 TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
 
@@ -252,15 +259,8 @@ def run(
     optimizer: Optional[str] = cli_option("optimizer"),  # not a kind: an option
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
-    check: Optional[Path] = typer.Option(
-        None,
-        "--check",
-        metavar="GOLDEN.json|GOLDEN.txt",
-        help="Exit 1 unless the order equals this saved trace or order file.",
-    ),
-    quiet: bool = typer.Option(
-        False, "--quiet", "-q", help="With --check: print only the differences (nothing when equal)."
-    ),
+    check: Optional[Path] = CHECK_OPT,
+    quiet: bool = QUIET_OPT,
     nproc: Optional[int] = typer.Option(
         None, "--nproc", metavar="N", min=1, help="Ranks to launch (one trace each)."
     ),
@@ -397,11 +397,7 @@ def _command_path(group: Any, args: List[str], ctx: Any) -> str:
     return f"hooktrace {first}" if first in getattr(group, "commands", {}) else "hooktrace"
 
 
-@app.command(
-    name="exec",
-    context_settings={"allow_interspersed_args": False},
-    no_args_is_help=True,
-)
+@app.command(name="exec", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
 def exec_(
     script: Optional[List[str]] = typer.Argument(
         None,
@@ -413,22 +409,15 @@ def exec_(
     ),
     start: int = exec_option("start", 0, min=0),
     steps: int = exec_option("steps", 1, min=1),
-    step_on: str = exec_option("step_on", "optimizer"),
+    step_on: str = exec_option("step_on", "optimizer"),  # not a kind
     keep_running: bool = exec_option("keep_running", False),
     nproc: Optional[int] = typer.Option(
         None, "--nproc", metavar="N", min=1, help="Ranks to launch through PyTorch's elastic launcher."
     ),
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
-    check: Optional[Path] = typer.Option(
-        None,
-        "--check",
-        metavar="GOLDEN.json|GOLDEN.txt",
-        help="Exit 1 unless the order equals this saved trace or order file.",
-    ),
-    quiet: bool = typer.Option(
-        False, "--quiet", "-q", help="With --check: print only the differences (nothing when equal)."
-    ),
+    check: Optional[Path] = CHECK_OPT,
+    quiet: bool = QUIET_OPT,
     depth: Optional[int] = DEPTH_OPT,
     module: Optional[str] = MODULE_OPT,
     phase: Optional[str] = PHASE_OPT,
@@ -437,99 +426,22 @@ def exec_(
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Run SCRIPT.py (or -m MODULE) as python would; trace the hooks of a window of its steps."""
-    from .runs.script import ExecOptions, Script
+    from . import script_commands as sc
 
     try:
-        if not script:
-            raise UsageError("give SCRIPT.py [ARGS]... or -m MODULE [ARGS]...")
-        target = (
-            Script(module=script[0], args=tuple(script[1:]))
-            if as_module
-            else Script(path=script[0], args=tuple(script[1:]))
-        )
-        options = ExecOptions(start=start, steps=steps, step_on=step_on, keep_running=keep_running).check()
-        view = view_options(depth, module, phase, expand, all_surprises)
-        if format is not None and format not in FORMATS:
-            raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
         if quiet and check is None:
             raise UsageError("-q goes with --check GOLDEN; add --check or drop -q")
+        if format is not None and format not in FORMATS:
+            raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+        view = view_options(depth, module, phase, expand, all_surprises)
+        target, options = sc.exec_target(script, as_module, start, steps, step_on, keep_running)
         golden = _load_side(check) if check is not None else None
-        target.check()
+        if nproc is not None:
+            raise typer.Exit(sc.run_exec_ranks(nproc, options, format, view, script or [], as_module, output))
+        compare = golden and (lambda seen: _compare(golden, seen, check=True, quiet=quiet))  # noqa: E731
+        raise typer.Exit(sc.run_exec(target, options, format, output, view, quiet, compare))
     except UsageError as exc:
         _fail(exc, traceback)
-    if nproc is not None:
-        rank_args = ["-s", str(start), f"--steps={steps}", f"--step-on={step_on}"]
-        rank_args += ["--keep-running"] if keep_running else []
-        rank_args += [f"--format={format}"] if format is not None else []
-        rank_args += [f"{VIEW_FLAGS[k]}={v}" if v is not True else VIEW_FLAGS[k] for k, v in view.items()]
-        raise typer.Exit(
-            _exec_ranks(nproc, rank_args, (["-m"] if as_module else []) + list(script or []), output)
-        )
-    raise typer.Exit(_exec(target, options, format, output, golden, view, traceback, quiet))
-
-
-def _exec_ranks(nproc: int, rank_args: list[str], script: list[str], output: Optional[Path]) -> int:
-    """`exec --nproc N`: the ranks through torchrun (rank 0 shows its trace), then their agreement."""
-    from .ranks.script import exec_ranks
-
-    result, launcher = exec_ranks(nproc, rank_args, script, str(output) if output is not None else None)
-    _stderr(result.summary())
-    code = result.exit_code
-    if code == 0 and launcher != 0:
-        code = launcher if launcher > 0 else 128 - launcher
-    return code
-
-
-def _exec(
-    target: Any,
-    options: Any,
-    fmt: Optional[str],
-    output: Optional[Path],
-    golden: Optional[Side],
-    view: dict[str, Any],
-    show_traceback: bool,
-    quiet: bool = False,
-) -> int:
-    """Run the script; show and write the trace as soon as the window closes; the script's exit code."""
-    from .ranks.result import rank_trace_path
-    from .runs.script import ScriptResult, run_script
-
-    def on_trace(result: ScriptResult) -> None:
-        trace, rank = result.trace, result.trace.meta.rank
-        if rank is None:
-            if not (quiet and output is None):
-                _output(trace, fmt, output, view, quiet)
-        else:  # under torchrun: every rank writes its file, only rank 0 shows the trace
-            if output is not None:
-                _write(trace, Path(rank_trace_path(str(output), rank)), None)
-            if rank == 0:
-                _output(trace, fmt, None, view)
-        if rank in (None, 0):
-            for note in result.notes:
-                _stderr(f"note: {note}")
-
-    try:
-        result = run_script(target, options, on_trace)
-    except UsageError as exc:
-        _fail(exc, show_traceback)
-    shown = result.trace.meta.rank in (None, 0)
-    code = result.exit_code
-    if result.exit_message is not None:
-        _stderr(result.exit_message)
-    if result.exception is not None:
-        if result.script_traceback:
-            sys.stderr.write(result.script_traceback)
-        _stderr(f"run failed: {result.error}")
-    if golden is not None and shown:
-        from .compare import Side
-
-        if not _compare(golden, Side(result.trace, False, target.label), check=True, quiet=quiet):
-            code = max(code, EXIT_DIFFERENT)
-    if result.stopped_by is not None:
-        if shown:
-            _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
-        code = 128 + result.stopped_by.value
-    return code
 
 
 @app.command()
@@ -538,41 +450,14 @@ def ranks(
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Do the ranks' hook orders agree? Per-rank traces from any nodes (exec under torchrun, run --nproc)."""
-    from .ranks.result import OK, RankOutcome, RanksResult
+    from .script_commands import ranks_summary
 
     try:
-        traces = [(path, _load_trace(path)) for path in files]
-        by_rank: dict[int, tuple[Path, Trace]] = {}
-        for i, (path, trace) in enumerate(traces):
-            rank = trace.meta.rank if trace.meta.rank is not None else i
-            if rank in by_rank:
-                raise UsageError(
-                    f"{by_rank[rank][0]} and {path} are both rank {rank}; give one file per rank"
-                )
-            by_rank[rank] = (path, trace)
+        text, code = ranks_summary([(path, _load_trace(path)) for path in files])
     except UsageError as exc:
         _fail(exc, traceback)
-    from .analysis.ranks import compare_ranks
-
-    worlds = {t.meta.world_size for _, t in by_rank.values() if t.meta.world_size is not None}
-    nproc = worlds.pop() if len(worlds) == 1 else len(by_rank)
-    outcomes = [
-        RankOutcome(rank, OK, trace_path=str(path), trace=trace)
-        for rank, (path, trace) in sorted(by_rank.items())
-    ]
-    result = RanksResult(
-        nproc=nproc,
-        show_rank=min(by_rank),
-        ranks=outcomes,
-        comparisons=compare_ranks({rank: trace for rank, (_, trace) in by_rank.items()}),
-    )
-    print(result.summary())
-    missing = sorted(set(range(nproc)) - set(by_rank))
-    if missing:
-        print(
-            f"missing: no trace given for rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-        )
-    raise typer.Exit(result.exit_code)
+    print(text)
+    raise typer.Exit(code)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

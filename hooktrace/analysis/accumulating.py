@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Optional
 
+from ..kinds import GLOBAL, HOOK
 from ..schema import ROOT, Hook, Surprise, Trace
 from .firings import level_of
 
@@ -28,7 +29,7 @@ def _on(hook: Hook) -> str:
     if hook.tensor:
         return f"`{hook.tensor}`"
     if hook.module is None:
-        return "every module" if hook.scope == "global" else "no module"
+        return "every module" if hook.scope == GLOBAL else "no module"
     return f"`{hook.module or ROOT}`"
 
 
@@ -40,7 +41,7 @@ def accumulating(trace: Trace) -> list[Surprise]:
     steps: set[int] = set()
     for e in trace.events:
         steps.add(e.step)
-        if e.type != "hook" or e.hook is None or e.hook not in hooks:
+        if e.type != HOOK or e.hook is None or e.hook not in hooks:
             continue
         fired[_code(hooks[e.hook])][e.step].setdefault(e.hook, e.seq)
     last = max(steps, default=0)

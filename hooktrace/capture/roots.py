@@ -83,3 +83,8 @@ def modules_called(rec: Any, keys: list[int]) -> list[Any]:
         if isinstance(module, torch.nn.Module):
             by_key[rec.key(module)] = module
     return [by_key[k] for k in keys if k in by_key]
+
+
+def of_calls(rec: Any) -> list[Any]:
+    """The roots of a capture with no model: the live modules of its outermost calls, nested ones out."""
+    return choose(modules_called(rec, outermost(rec.calls)))

@@ -290,10 +290,7 @@ class TraceSession:
         if isinstance(model, torch.nn.Module):
             self._roots = [model]
             return _named_modules(model)
-        if model is not None:
-            return []
-        called = roots.modules_called(self._rec, roots.outermost(self._rec.calls))
-        self._roots = roots.choose(called)
+        self._roots = roots.of_calls(self._rec) if model is None else []
         return roots.named_modules(self._roots)
 
     def _settle(self, d: dict, kind: str, owner: Any, scope: str, final: _Final, tensor: Any = None) -> None:

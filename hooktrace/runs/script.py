@@ -24,11 +24,11 @@ from ..schema import Trace
 from .failure import describe_error, failing_event
 from .stop import Stopped
 
-STEP_ON = ("optimizer", "backward", "forward")
+STEP_ON = ("optimizer", "backward", "forward")  # not a kind
 _STEP_WORDS = {
-    "optimizer": "optimizer.step()",
-    "backward": "outermost backward()",
-    "forward": "outermost module call",
+    "optimizer": "optimizer.step()",  # not a kind
+    "backward": "outermost backward()",  # not a kind
+    "forward": "outermost module call",  # not a kind
 }
 
 
@@ -38,7 +38,7 @@ class ExecOptions:
 
     start: int = 0
     steps: int = 1
-    step_on: str = "optimizer"
+    step_on: str = "optimizer"  # not a kind
     keep_running: bool = False
 
     def check(self) -> ExecOptions:
@@ -232,7 +232,8 @@ class _Window:
             )
         else:
             notes.append(f"the script {ended_by} inside the window: traced {window}, as far as it went")
-        if self.ended == 0 and options.step_on == "optimizer" and ended_by in ("ended", "exited with code 0"):
+        ended = ended_by in ("ended", "exited with code 0")
+        if self.ended == 0 and ended and options.step_on == "optimizer":  # not a kind
             notes.append(
                 "the script never called optimizer.step(): every step counted as one; give --step-on backward "
                 "or --step-on forward to cut it into steps"
