@@ -27,6 +27,7 @@ from .options import (
     view_options,
 )
 from .outputs import console as _console
+from .outputs import os_error as _os_error
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
 from .render import RENDERERS
@@ -77,7 +78,7 @@ FORMAT_OPT = typer.Option(
     "--format",
     "-f",
     metavar="FORMAT",
-    help="tree|json|dot|svg|chrome|order; default: from the -o extension, else tree.",
+    help="tree|json|dot|svg|chrome|order|html; default: from the -o extension, else tree.",
 )
 OUTPUT_OPT = typer.Option(
     None, "--output", "-o", metavar="PATH", help="Write to this file instead of the terminal."
@@ -210,7 +211,14 @@ def _run_ranks(
     )
     if ranks.usage_error is not None:
         raise UsageError(ranks.usage_error)
-    if ranks.shown is not None and not quiet:
+    html = _is_html(fmt, output)
+    if html:  # every rank in one page, the divergence marked
+        from .render.html import ranks_html
+
+        traces = {o.rank: o.trace for o in ranks.ranks if o.trace is not None}
+        if traces:
+            _emit(ranks_html(traces), output, f"html: {len(traces)} ranks")
+    elif ranks.shown is not None and not quiet:
         _output(ranks.shown, fmt, None, view)
     if quiet:  # -q: the ranks' summary only when they failed or diverged
         if ranks.exit_code != EXIT_OK:
@@ -240,9 +248,32 @@ def _rank_files_note(output: str, nproc: int) -> str:
     first, last = rank_trace_path(output, 0), rank_trace_path(output, nproc - 1)
     files = first if nproc == 1 else f"{first} … {last}" if nproc > 2 else f"{first} and {last}"
     note = f"note: --nproc writes one trace per rank: {files}"
-    if not output.lower().endswith((".json", ".json.gz")):
+    if output.lower().endswith((".html", ".htm")):
+        note += f", and {Path(output).name}: every rank in one page"
+    elif not output.lower().endswith((".json", ".json.gz")):
         note += f" (JSON, not {Path(output).name}); draw one with: hooktrace render {first} -o {output}"
     return note
+
+
+def _is_html(fmt: Optional[str], output: Optional[Path]) -> bool:
+    """The html format asked for, by name or by the extension of `-o`."""
+    if fmt is not None:
+        return fmt == "html"
+    return output is not None and output.suffix.lower() in (".html", ".htm")
+
+
+def _emit(page: str, output: Optional[Path], what: str) -> None:
+    """A page made from several traces: to `output` (atomically), else to stdout."""
+    if output is None:
+        sys.stdout.write(page)
+        return
+    from .io import write_atomic
+
+    try:
+        write_atomic(output, page)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {_os_error(exc, output)}") from exc
+    _stderr(f"wrote {output} ({what})")
 
 
 # -- commands -------------------------------------------------------------------------------------
@@ -378,13 +409,38 @@ def diff(
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="Print only the differences (nothing when equal)."
     ),
+    format: Optional[str] = typer.Option(
+        None,
+        "--format",
+        "-f",
+        metavar="FORMAT",
+        help="text (default) or html: both sides, differences marked.",
+    ),
+    output: Optional[Path] = OUTPUT_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Ordering differences between two saved traces or order files; exit 1 when they differ."""
     try:
+        if format is not None and format not in ("text", "html"):
+            raise UsageError(f"unknown --format {format!r} for diff; use text or html")
+        html = _is_html(format, output)
+        if output is not None and not html:
+            raise UsageError(
+                f"diff writes html only (-f html or -o {output.stem}.html); text goes to the terminal"
+            )
         first, second = _load_side(a), _load_side(b)
+        if html:
+            from .render.html import diff_html
+
+            as_order = first.from_text or second.from_text  # compared as order files, as `diff` does
+            ta, tb = (first.as_order(), second.as_order()) if as_order else (first.trace, second.trace)
+            _emit(diff_html(ta, tb, str(a), str(b)), output, "html: both sides, differences marked")
     except UsageError as exc:
         _fail(exc, traceback)
+    if html and output is None:  # stdout holds the page
+        from .compare import compare_sides
+
+        raise typer.Exit(EXIT_OK if compare_sides(first, second).equal else EXIT_DIFFERENT)
     raise typer.Exit(EXIT_OK if _compare(first, second, check=False, quiet=quiet) else EXIT_DIFFERENT)
 
 

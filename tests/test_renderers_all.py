@@ -325,6 +325,8 @@ def _check_rendering(fmt: str, trace: Trace, tmp_path: Path) -> None:
     hooks = [h for h in trace.hooks if h.id in fired]
     for h in hooks:
         name = h.name.replace("<", "&lt;").replace(">", "&gt;") if fmt == "svg" else h.name
+        if fmt == "html":  # inside the page's JSON, where < > & are \u escapes
+            name = h.name.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
         assert name in text, f"{fmt} does not name hook {h.name!r}"
     if any(h.prepend for h in hooks):
         assert "prepend" in text
@@ -348,7 +350,7 @@ def test_every_renderer_on_real_traces(fmt: str, tmp_path: Path) -> None:
 
 
 def test_registry_metadata() -> None:
-    assert list(RENDERERS) == ["tree", "json", "dot", "svg", "chrome", "order"]
+    assert list(RENDERERS) == ["tree", "json", "dot", "svg", "chrome", "order", "html"]
     for name, r in RENDERERS.items():
         assert r.name == name and r.extension.startswith(".") and isinstance(r.binary, bool) and r.description
         assert callable(r.function())
@@ -395,7 +397,7 @@ def test_unknown_format_and_option_are_render_errors() -> None:
     with pytest.raises(RenderError, match="unknown format 'png'.*tree, json, dot, svg, chrome"):
         format_for_path("x.png", "png")
     with pytest.raises(RenderError, match="unknown format"):
-        render(two_layer(), "html")
+        render(two_layer(), "pdf")
     with pytest.raises(RenderError, match="chrome renderer has no option expand"):
         render(two_layer(), "chrome", expand=True)
 

@@ -427,3 +427,29 @@ def _across_modules(ranked: list[tuple[int, int, Difference, str]]) -> list[tupl
             merged[id(r)] = (min(r[0], twin[0]), r[1], m, str(m))
             merged[id(twin)] = None  # type: ignore[assignment]
     return [merged.get(id(r), r) for r in ranked if not (id(r) in merged and merged[id(r)] is None)]
+
+
+def differing_events(a: Trace, b: Trace) -> tuple[set[int], set[int]]:
+    """The seqs of the hook events that differ: in each (step, phase, module, kind) list of calls,
+    those of `a` and of `b` left unmatched when the two lists are aligned as `diff_traces` aligns
+    them (added, removed, moved, or called a different number of times)."""
+    with gc_paused():
+        canon: dict[HookKey, HookKey] = {}
+        ha, fa = _hook_stream(a, hook_keys(a, canon), canon)
+        hb, fb = _hook_stream(b, hook_keys(b, canon), canon)
+        if _same_order(ha, hb, fa, fb):
+            return set(), set()
+        sa, where_a = _sequences(ha, fa)
+        sb, where_b = _sequences(hb, fb)
+        out_a: set[int] = set()
+        out_b: set[int] = set()
+        for sk in list(sa) + [k for k in sb if k not in sa]:
+            la, lb = sa.get(sk, []), sb.get(sk, [])
+            if la == lb:
+                continue
+            pairs = _align(la, lb) if la and lb else []
+            matched_a = {p for p, _ in pairs}
+            matched_b = {q for _, q in pairs}
+            out_a.update(ha[where_a[sk][i]].seq for i in range(len(la)) if i not in matched_a)
+            out_b.update(hb[where_b[sk][i]].seq for i in range(len(lb)) if i not in matched_b)
+        return out_a, out_b

@@ -67,11 +67,20 @@ RENDERERS: dict[str, Renderer] = {
                  ".chrome:chrome_json"),
         Renderer("order", ".txt", False, "one line per hook call, for golden files and code review",
                  ".order:order_text"),
+        Renderer("html", ".html", False, "one self-contained HTML page: tree, timeline, surprises, search",
+                 ".html:html_report"),
     )
 }  # fmt: skip
 
 # `chrome` also writes .json, so only these extensions choose a format on their own (and .json.gz).
-_BY_EXTENSION = {".json": "json", ".dot": "dot", ".svg": "svg", ".txt": "order"}
+_BY_EXTENSION = {
+    ".json": "json",
+    ".dot": "dot",
+    ".svg": "svg",
+    ".txt": "order",
+    ".html": "html",
+    ".htm": "html",
+}
 
 
 def renderer(fmt: str) -> Renderer:
