@@ -22,6 +22,7 @@ from typing import Any, Iterable, Optional, Union
 import orjson
 
 from ..analysis import calltree as ct
+from ..analysis.calls import calls
 from ..analysis.calltree import Node, SavedTensors
 from ..schema import Event, Trace, gc_paused
 from .badges import title_target
@@ -131,17 +132,37 @@ def _tree_rows(trace: Trace) -> _Rows:
     return rows
 
 
+def _call_spans(trace: Trace) -> dict[str, list[int]]:
+    """The module calls as `analysis.calls` pairs them: enter seq, the seq of the exit that ended
+    it (-1 while still open) and its nesting depth among the calls open on its thread."""
+    enter: list[int] = []
+    end: list[int] = []
+    depth: list[int] = []
+    open_calls: dict[int, list[Any]] = {}
+    for c in calls(trace):
+        stack = open_calls.setdefault(c.thread, [])
+        while stack and stack[-1].end is not None and stack[-1].end <= c.enter:
+            stack.pop()
+        enter.append(c.enter)
+        end.append(-1 if c.end is None else c.end)
+        depth.append(len(stack))
+        stack.append(c)
+    return {"enter": enter, "end": end, "depth": depth}
+
+
 def trace_data(trace: Trace, label: str = "", marks: Iterable[int] = (), note: str = "") -> dict[str, Any]:
     """One trace as the viewer reads it: the trace format itself (version 2, events as columns),
     its flattened call tree, and `marks` (seqs of events to flag: a diff's or a rank's)."""
     with gc_paused():
         doc = trace.to_dict()
         rows = _tree_rows(trace)
+        spans = _call_spans(trace)
     return {
         "label": label or title_target(trace.meta) or "trace",
         "note": note,
         "trace": doc,
         "rows": rows.to_dict(),
+        "calls": spans,
         "marks": sorted(set(marks)),
     }
 

@@ -95,6 +95,7 @@
     this.hookRows = new Int32Array(this.nrows + 1);  // prefix count of hook rows
     for (let i = 0; i < this.nrows; i++) this.hookRows[i + 1] = this.hookRows[i] + (r.type[i] === ROW.HOOK ? 1 : 0);
     this.marks = new Set(view.marks || []);
+    this.calls = view.calls || { enter: [], end: [], depth: [] };
   }
   Model.prototype.ev = function (seq) { return this.dense ? (seq >= 0 && seq < this.n ? seq : -1) : (this.bySeq.has(seq) ? this.bySeq.get(seq) : -1); };
   Model.prototype.hookOf = function (i) { return this.hookById.get(this.hook[i]) || null; };
@@ -437,21 +438,19 @@
       if (s < t0) t0 = s;
       if (s + d > t1) t1 = s + d;
       const l = lane(m.thread[e]);
-      const ty = m.type[e];
-      if (ty === "hook") l.hooks.push(e);
-      else if (ty === "enter") { l.stack.push(e); }
-      else if (ty === "exit") {
-        for (let k = l.stack.length - 1; k >= 0; k--) {
-          const a = l.stack[k];
-          if (m.module[a] === m.module[e]) {
-            l.stack.length = k;
-            const end = this.mode === "order" ? S[e] + 1 : D[a] ? S[a] + D[a] : S[e];
-            l.calls.push([S[a], Math.max(end, S[a]), k, a]);
-            if (k + 1 > l.depth) l.depth = k + 1;
-            break;
-          }
-        }
-      }
+      if (m.type[e] === "hook") l.hooks.push(e);
+    }
+    const cs = m.calls;  // paired in Python by analysis.calls, as every renderer pairs them
+    for (let k = 0; k < cs.enter.length; k++) {
+      const a = m.ev(cs.enter[k]);
+      if (a < 0) continue;
+      const z = cs.end[k] >= 0 ? m.ev(cs.end[k]) : -1;
+      let end;
+      if (mode === "order") end = z >= 0 ? S[z] + 1 : t1;
+      else end = D[a] ? S[a] + D[a] : z >= 0 ? S[z] : t1;
+      const l = lane(m.thread[a]), depth = cs.depth[k];
+      l.calls.push([S[a], Math.max(end, S[a]), depth, a]);
+      if (depth + 1 > l.depth) l.depth = depth + 1;
     }
     if (!isFinite(t0)) { t0 = 0; t1 = 1; }
     if (t1 <= t0) t1 = t0 + 1;
@@ -897,8 +896,11 @@
   function main() {
     const root = document.getElementById("app");
     try {
+      const t0 = performance.now();
       const data = JSON.parse(document.getElementById("hooktrace-data").textContent);
+      const t1 = performance.now();
       window.hooktraceReport = new App(data, root);
+      window.hooktraceTimings = { parse_ms: t1 - t0, build_ms: performance.now() - t1, ready_ms: performance.now() };
     } catch (err) {
       root.replaceChildren(el("p", "loading", "This report could not be shown: " + S(err && err.message)));
       throw err;
