@@ -215,7 +215,9 @@ def _rows(driver: Any) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "make", [two_layer, lambda: layers(12), recompute_two_steps, training_step, hostile], ids=str
+    "make",
+    [two_layer, lambda: layers(12), recompute_two_steps, training_step, hostile],
+    ids=["two_layer", "layers12", "recompute_two_steps", "training_step", "hostile"],
 )
 def test_loads_without_console_errors(driver: Any, tmp_path: Path, make: Any) -> None:
     logs = browser.open_page(driver, _page(tmp_path, "r.html", render(make(), "html")))
