@@ -447,7 +447,7 @@ def differing_events(a: Trace, b: Trace) -> tuple[set[int], set[int]]:
             la, lb = sa.get(sk, []), sb.get(sk, [])
             if la == lb:
                 continue
-            pairs = _align(la, lb) if la and lb else []
+            pairs = align(la, lb) if la and lb else []
             matched_a = {p for p, _ in pairs}
             matched_b = {q for _, q in pairs}
             out_a.update(ha[where_a[sk][i]].seq for i in range(len(la)) if i not in matched_a)
