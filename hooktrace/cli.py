@@ -106,6 +106,12 @@ CHECK_OPT = typer.Option(
 QUIET_OPT = typer.Option(
     False, "--quiet", "-q", help="With --check: print only the differences (nothing when equal)."
 )
+PROFILE_OPT = typer.Option(
+    None,
+    "--profile",
+    metavar="PATH",
+    help="Also run under torch.profiler and write its Chrome trace here (hooks as ranges).",
+)
 TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
 
 
@@ -304,6 +310,7 @@ def run(
     phase: Optional[str] = PHASE_OPT,
     expand: bool = EXPAND_OPT,
     all_surprises: bool = ALL_SURPRISES_OPT,
+    profile: Optional[Path] = PROFILE_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Load TARGET, run forward and backward under the tracer, and show the order hooks fired."""
@@ -325,6 +332,11 @@ def run(
         if quiet and check is None:
             raise UsageError("-q goes with --check GOLDEN; add --check or drop -q")
         golden = _load_side(check) if check is not None else None
+        from .runs.profiling import check_profile_path, profiled
+
+        check_profile_path(profile)
+        if nproc is not None and profile is not None:
+            raise UsageError("--profile goes with one process; drop --nproc, or profile one rank's script")
         if nproc is not None:
             code = _run_ranks(target, nproc, rank, options, format, output, golden, view, traceback, quiet)
             raise typer.Exit(code)
@@ -333,7 +345,10 @@ def run(
         factory = load_factory(target)  # before importing torch: a missing file is reported at once
         from .runs.factory import run as run_target
 
-        result = run_target(factory, options, stop_signals=True)
+        with profiled(profile):
+            result = run_target(factory, options, stop_signals=True)
+        if profile is not None:
+            _stderr(f"wrote {profile} (torch.profiler Chrome trace; hooks are 'hook <kind> <name>' ranges)")
         if not (quiet and output is None):
             _output(result.trace, format, output, view, quiet)
     except UsageError as exc:

@@ -40,6 +40,7 @@ import torch
 
 from .. import kinds
 from ..kinds import FORWARD, OPTIMIZER_PHASE, RECOMPUTE
+from .sites import hook_name
 from .views import _is_compiling
 
 # Keys of objects given one after another object with the same id died: above every id.
@@ -69,20 +70,25 @@ def error_text(exc: BaseException) -> str:
 # `append`, `error_text`, `_N`) are globals of a namespace made per Recorder; a shim's own closure
 # holds only `fn`, `hook_id`, `module_id`, `from_args` (fewer objects per wrapped hook).
 _SHIM_SOURCE = """
-def factory(fn, hook_id, module_id, from_args, same):
+def factory(fn, hook_id, module_id, from_args, same, kind):
     def hooktrace_shim({params}):
         seq = next(counter)
+        span = open_range(fn, kind) if profiler._is_profiler_enabled else None
         t0 = clock()
         try:
 {call}
         except BaseException as exc:
             t1 = clock()
+            if span is not None:
+                span.__exit__(None, None, None)
             tid = ident()
             if tid == main:
                 tid = main
             append((seq, hook_id, tid, t0, t1, error_text(exc), {first} if from_args else module_id))
             raise
         t1 = clock()
+        if span is not None:
+            span.__exit__(None, None, None)
         tid = ident()
         if tid == main:
             tid = main
@@ -145,6 +151,15 @@ _GENERIC_CODE = _compile(
 _MISSING = object()
 
 
+def open_range(fn: Any, kind: str) -> Any:
+    """A `record_function` range `hook <kind> <name>`, entered: under an active torch.profiler
+    session, the hook's call shows in the profiler's trace (TensorBoard, Perfetto) among the
+    operators it ran. Only called while the profiler records (`_is_profiler_enabled`)."""
+    span = torch.autograd.profiler.record_function(f"hook {kind} {hook_name(fn)}")
+    span.__enter__()
+    return span
+
+
 class Recorder:
     """Shared state of one capture that shims write into. Appends are atomic under the GIL."""
 
@@ -184,6 +199,8 @@ class Recorder:
             "module_ids": self.module_ids,
             "error_text": error_text,
             "_N": _MISSING,
+            "profiler": torch.autograd.profiler,
+            "open_range": open_range,
         }
         self._factories: dict[Optional[int], Callable[..., Any]] = {}  # by arity; None: generic
         for arity, code in (*_POSITIONAL_CODES.items(), (None, _GENERIC_CODE)):
@@ -339,11 +356,12 @@ def make_shim(
         None if module is None else rec.module_key(module),
         module_from_args,
         SAME.get(kind, _same_first),
+        kind,
     )
 
 
 SHIM_CODES = frozenset(
-    factory(None, -1, None, False, _ignored).__code__ for factory in Recorder()._factories.values()
+    factory(None, -1, None, False, _ignored, "").__code__ for factory in Recorder()._factories.values()
 )
 
 

@@ -1,0 +1,156 @@
+"""Hooks in torch.profiler traces (SPEC §3): under an active profiler, each traced hook call is a
+`record_function` range `hook <kind> <name>`, nested where the hook ran; without a profiler no range
+is made; `run --profile PATH` writes the profiler's Chrome trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hooktrace
+from hooktrace.capture import shims
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 4)
+        self.fc2 = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def hooked(calls: list[str]) -> Net:
+    """Hooks that record their own calls (the oracle) and each run one recognisable operator."""
+    torch.manual_seed(0)
+    net = Net()
+
+    def scale_input(module: Any, args: tuple) -> Any:
+        calls.append("forward_pre")
+        return (args[0] * 2.0,)  # aten::mul, inside the hook's range
+
+    def clamp_output(module: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        calls.append("forward")
+        return out.clamp(-10.0, 10.0)  # aten::clamp
+
+    def grad_seen(module: Any, grad_in: tuple, grad_out: tuple) -> None:
+        calls.append("backward")
+        grad_out[0].abs()  # aten::abs, on the autograd thread
+
+    def weight_grad(grad: torch.Tensor) -> torch.Tensor:
+        calls.append("grad")
+        return grad.neg()  # aten::neg
+
+    net.fc1.register_forward_pre_hook(scale_input)
+    net.fc1.register_forward_hook(clamp_output)
+    net.fc2.register_full_backward_hook(grad_seen)
+    net.fc1.weight.register_hook(weight_grad)
+    return net
+
+
+def profile_run(tmp_path: Path) -> tuple[dict, Any, list[str], torch.Tensor]:
+    calls: list[str] = []
+    net = hooked(calls)
+    x = torch.randn(3, 4)
+    with hooktrace.trace(net) as t:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = net(x)
+            out.sum().backward()
+    path = tmp_path / "profile.json"
+    prof.export_chrome_trace(str(path))
+    return json.loads(path.read_text()), t.trace, calls, net.fc1.weight.grad.clone()
+
+
+def _ranges(chrome: dict) -> list[dict]:
+    return [
+        e for e in chrome["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("hook ")
+    ]
+
+
+def _inside(outer: dict, inner: dict) -> bool:
+    return (
+        outer["tid"] == inner["tid"]
+        and outer["ts"] <= inner["ts"]
+        and inner["ts"] + inner.get("dur", 0) <= outer["ts"] + outer["dur"] + 1
+    )
+
+
+def test_each_hook_call_is_a_range_named_by_kind_and_name(tmp_path: Path) -> None:
+    chrome, trace, calls, _ = profile_run(tmp_path)
+    ranges = _ranges(chrome)
+    expected = [f"hook {e.kind} {trace.hook(e.hook).name}" for e in trace.events if e.type == "hook"]
+    assert sorted(r["name"] for r in ranges) == sorted(expected)
+    assert sorted(r["name"].split()[1] for r in ranges) == sorted(calls), "one range per call the hooks saw"
+    names = {r["name"] for r in ranges}
+    assert "hook forward_pre hooked.<locals>.scale_input" in names
+    assert "hook grad hooked.<locals>.weight_grad" in names
+
+
+@pytest.mark.parametrize(
+    ("kind", "op"),
+    [
+        ("forward_pre", "aten::mul"),
+        ("forward", "aten::clamp"),
+        ("backward", "aten::abs"),
+        ("grad", "aten::neg"),
+    ],
+)
+def test_the_operator_a_hook_ran_is_inside_its_range(tmp_path: Path, kind: str, op: str) -> None:
+    chrome, _, _, _ = profile_run(tmp_path)
+    (hook_range,) = [r for r in _ranges(chrome) if r["name"].split()[1] == kind]
+    ops = [e for e in chrome["traceEvents"] if e.get("ph") == "X" and e.get("name") == op]
+    assert any(_inside(hook_range, o) for o in ops), f"{op} not nested in {hook_range['name']}"
+
+
+def test_profiled_traced_run_computes_the_same(tmp_path: Path) -> None:
+    _, _, calls, grad = profile_run(tmp_path)
+    plain: list[str] = []
+    net = hooked(plain)  # seeded: the same weights, then the same input as profile_run drew
+    net(torch.randn(3, 4)).sum().backward()
+    assert calls == plain
+    assert torch.equal(net.fc1.weight.grad, grad)
+
+
+def test_no_range_without_a_profiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: Any) -> None:
+        raise AssertionError("a range was opened with no profiler active")
+
+    monkeypatch.setattr(shims, "open_range", refuse)  # for shims made from here on, through the namespace
+    calls: list[str] = []
+    net = hooked(calls)
+    with hooktrace.trace(net) as t:
+        net(torch.randn(3, 4)).sum().backward()
+    assert len([e for e in t.trace.events if e.type == "hook"]) == len(calls) == 4
+
+
+def test_cli_profile_writes_the_profilers_chrome_trace(tmp_path: Path) -> None:
+    from tests.test_cli import invoke
+
+    code, _, err = invoke(
+        "run",
+        "samples/quickstart.py",
+        "-o",
+        str(tmp_path / "run.json"),
+        "--profile",
+        str(tmp_path / "prof.json"),
+    )
+    assert code == 0, err
+    chrome = json.loads((tmp_path / "prof.json").read_text())
+    trace = hooktrace.load(tmp_path / "run.json")
+    names = sorted(r["name"] for r in _ranges(chrome))
+    assert names == sorted(
+        f"hook {e.kind} {trace.hook(e.hook).name}" for e in trace.events if e.type == "hook"
+    )
+    assert any(e.get("name") == "aten::linear" for e in chrome["traceEvents"]), "the operators are there too"
+
+
+def test_cli_profile_into_a_missing_folder_is_a_usage_error(tmp_path: Path) -> None:
+    from tests.test_cli import invoke
+
+    code, _, err = invoke("run", "samples/quickstart.py", "--profile", str(tmp_path / "nope" / "p.json"))
+    assert code == 2 and err.startswith("error:") and "does not exist" in err
