@@ -130,6 +130,8 @@ def test_in_a_real_jupyter_kernel() -> None:
         html = shown[0]["data"]["text/html"]
         assert "nb_pre_hook" in html and "prepend" in html and "<pre" in html
         assert ("<svg" in html) == HAS_DOT
+        assert html.index("<iframe") < html.index("<pre"), "the interactive report first"
+    _report_in_the_iframe_works(outputs[2][0]["data"]["text/html"])
     printed = outputs[3][0]["text"]
     assert "nb_pre_hook" in printed and "\x1b" not in printed
     assert int(outputs[4][0]["data"]["text/plain"]) > 100
@@ -201,3 +203,46 @@ def test_cell_locations_read_as_ipython_says_them() -> None:
     assert site("In [3]:2") == "In [3], line 2"
     assert location("In [3]:2", Meta(target="t.py:make")) == "In [3], line 2"
     assert site("model.py:2") == "model.py:2" and site("In [3].py:2") == "In [3].py:2"
+
+
+def _report_in_the_iframe_works(cell_html: str) -> None:
+    """The notebook cell's HTML, opened in headless Chromium: the report inside the iframe is built
+    and shows the hook (skipped without a browser)."""
+    from tests import browser
+
+    if browser.missing():
+        return
+    import tempfile
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with tempfile.TemporaryDirectory() as tmp:
+        page = Path(tmp) / "cell.html"
+        page.write_text(f"<!DOCTYPE html><html><body>{cell_html}</body></html>", encoding="utf-8")
+        for driver in browser.chromium():
+            driver.get(page.as_uri())
+            driver.switch_to.frame(driver.find_element("css selector", "iframe.hooktrace-report"))
+            WebDriverWait(driver, 30).until(lambda d: d.find_elements("css selector", ".tree .row"))
+            rows = driver.execute_script(
+                "return Array.from(document.querySelectorAll('.tree .row')).map(r => r.textContent)"
+            )
+            assert any("nb_pre_hook" in r and "prepend" in r for r in rows)
+            errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+            assert errors == []
+
+
+def test_report_iframe_is_escaped_and_sandboxed() -> None:
+    from hooktrace.render.notebook import report_iframe
+
+    frame = report_iframe(two_layer())
+    assert frame is not None and frame.startswith("<iframe") and 'sandbox="allow-scripts"' in frame
+    srcdoc = frame.split('srcdoc="', 1)[1].split('"', 1)[0]
+    assert "<" not in srcdoc and "&lt;!DOCTYPE html&gt;" in srcdoc, "the page as an attribute value"
+
+
+def test_report_iframe_is_left_out_for_huge_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hooktrace.render import notebook
+
+    monkeypatch.setattr(notebook, "REPORT_MAX_EVENTS", 5)
+    html = trace_html(two_layer())
+    assert "<iframe" not in html and "too many" in html and "<pre" in html

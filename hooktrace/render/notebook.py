@@ -1,7 +1,8 @@
 """The notebook display: a trace (or the `with hooktrace.trace(...) as t` session) shown as HTML.
 
-The tree comes first, as HTML with its colours (rich's own export, no Graphviz needed); below it,
-the SVG graph when Graphviz's `dot` is installed. `register(ip)` tells IPython to use this for
+The interactive HTML report (render/html.py) comes first, in a sandboxed iframe; then the tree, as
+HTML with its colours (rich's own export, no Graphviz needed; what shows where iframes are
+stripped); then the SVG graph when Graphviz's `dot` is installed. `register(ip)` tells IPython to use this for
 `Trace` and `TraceSession` objects by their dotted names, so nothing here imports torch and the data
 model never imports a renderer: `hooktrace/__init__.py` calls it when IPython is already running.
 """
@@ -15,9 +16,11 @@ from typing import Any, Optional
 
 from ..schema import Trace
 
-__all__ = ["register", "session_html", "trace_html"]
+__all__ = ["register", "report_iframe", "session_html", "trace_html"]
 
 WIDTH = 120  # columns of the HTML tree: notebooks are wider than terminals
+REPORT_HEIGHT = 560  # pixels of the report's iframe
+REPORT_MAX_EVENTS = 200_000  # larger traces: the tree only (the report would hold them all in the cell)
 PRE_STYLE = "font-family:Menlo,'DejaVu Sans Mono',consolas,monospace;line-height:1.25;font-size:12px"
 
 
@@ -58,12 +61,38 @@ def svg_html(trace: Trace) -> Optional[str]:
     return text[start:] if start >= 0 else None
 
 
+def report_iframe(trace: Trace, height: int = REPORT_HEIGHT) -> Optional[str]:
+    """The interactive HTML report (render.html) in a sandboxed `<iframe srcdoc>`: scripts run in an
+    opaque origin, apart from the notebook's page. None for traces too big to hold in a notebook
+    cell (the report's data is the whole trace: write it with `-o report.html` instead)."""
+    if len(trace.events) > REPORT_MAX_EVENTS:
+        return None
+    from .html import html_report
+
+    page = html.escape(html_report(trace), quote=True)
+    return (
+        f'<iframe class="hooktrace-report" sandbox="allow-scripts" srcdoc="{page}" '
+        f'style="width:100%;height:{height}px;border:1px solid #ddd;border-radius:4px"></iframe>'
+    )
+
+
 def trace_html(trace: Trace) -> str:
-    """The whole display: the tree, then the SVG graph (open) when `dot` is there."""
-    parts = ['<div class="hooktrace">', tree_html(trace)]
+    """The whole display: the interactive report (iframe), the tree as text-styled HTML (what shows
+    where iframes are stripped, as on GitHub), then the SVG graph when `dot` is there."""
+    parts = ['<div class="hooktrace">']
+    report = report_iframe(trace)
+    if report is not None:
+        parts.append(report)
+    else:
+        parts.append(
+            f'<p style="font-size:11px;color:#777">{len(trace.events):,} events: too many for the '
+            "interactive report in a notebook; write it with <code>render(trace, 'html')</code> "
+            "to a file instead.</p>"
+        )
+    parts.append(tree_html(trace))
     graph = svg_html(trace)
     if graph is not None:
-        parts.append(f"<details open><summary>graph (Graphviz)</summary>{graph}</details>")
+        parts.append(f"<details><summary>graph (Graphviz)</summary>{graph}</details>")
     else:
         parts.append(
             '<p style="font-size:11px;color:#777">Install Graphviz (<code>dot</code>) to see the graph too.</p>'
