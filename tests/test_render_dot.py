@@ -12,7 +12,7 @@ from typing import Callable
 import pytest
 
 from hooktrace.render.dot import ERROR, GLOBAL, PREPEND, STOPPED, dot_source, svg
-from hooktrace.schema import Trace
+from hooktrace.schema import Surprise, Trace
 from tests.test_renderers_all import SAMPLES, Builder, layers, recompute_two_steps, two_layer, with_errors
 
 HAS_DOT = shutil.which("dot") is not None
@@ -46,8 +46,10 @@ def nodes(dot: str) -> dict[str, str]:
 
 
 def edges(dot: str) -> list[tuple[str, str]]:
+    """The firing-order edges (the invisible ones that only order columns left out)."""
     ids = _ids(dot)
-    return [(ids.get(a, a), ids.get(b, b)) for a, b in re.findall(r"^\s*(\w+) -> (\w+)$", dot, flags=re.M)]
+    found = re.findall(r"^\s*(\w+) -> (\w+)(?: \[(.*)\])?$", dot, flags=re.M)
+    return [(ids.get(a, a), ids.get(b, b)) for a, b, attrs in found if "invis" not in attrs]
 
 
 def heading(dot: str) -> str:
@@ -80,7 +82,8 @@ def test_hooks_are_nodes_joined_in_firing_order() -> None:
 def test_clusters_per_phase_and_module_call() -> None:
     dot = dot_source(two_layer())
     labels = cluster_labels(dot)
-    assert labels[:4] == ["forward", '"<root> (Net)"', '"fc1 (Linear)"', '"act (ReLU)"']
+    forward = labels.index("forward")
+    assert labels[forward : forward + 4] == ["forward", '"<root> (Net)"', '"fc1 (Linear)"', '"act (ReLU)"']
     assert "backward" in labels and '"fc2 (Linear)"' in labels
     assert not any(label.startswith('"step') for label in labels), "one step: no step clusters"
     dot2 = dot_source(recompute_two_steps())
@@ -236,3 +239,45 @@ def test_title_has_no_absolute_path() -> None:
     trace = two_layer()
     trace.meta.target = "/home/someone/work/model.py:make"
     assert "hooktrace: model.py:make" in dot_source(trace) and "/home" not in dot_source(trace)
+
+
+def test_phases_are_columns_side_by_side() -> None:
+    """Forward and backward start at the same rank (the edge between them does not rank them): they
+    stand side by side; a leaf call's few hooks sit in one row."""
+    dot = dot_source(two_layer())
+    cross = re.findall(r"^\s*(\w+) -> (\w+) \[constraint=false style=dashed\]$", dot, flags=re.M)
+    assert len(cross) == 1, "one edge from forward into backward, not constraining ranks"
+    ids = _ids(dot)
+    same = re.findall(r"\{\s*rank=same\s*([\w\s]+?)\s*\}", dot)
+    rows = [[ids.get(x, x) for x in block.split()] for block in same]
+    assert ["e1", "e16"] in rows, "the first forward and the first backward hook share the top rank"
+    assert ["e3", "e4", "e5", "e6"] in rows, "fc1's four hooks in one row"
+
+
+def test_one_phase_has_no_columns() -> None:
+    b = Builder(("fc", "Linear"))
+    h = b.hook("forward", "fc", "only")
+    b.enter("fc")
+    b.fire(h, "fc")
+    b.exit("fc")
+    dot = dot_source(b.trace())
+    assert "constraint=false" not in dot and "invis" not in dot
+
+
+def test_surprises_are_explained_in_the_picture() -> None:
+    trace = two_layer()
+    text = heading(dot_source(trace))
+    assert "global-first: early was prepended but global_pre ran first" in text
+    quiet = two_layer()
+    quiet.surprises = []
+    assert "global-first:" not in heading(dot_source(quiet))
+
+
+def test_alike_surprises_count_once() -> None:
+    trace = layers(3)
+    trace.surprises = [
+        Surprise("replaced-value", f"forward_hook on layers.{i}.linear1 returned a value", [], [])
+        for i in range(3)
+    ]
+    text = heading(dot_source(trace))
+    assert text.count("replaced-value:") == 1 and "(×2 more like this)" in text

@@ -14,6 +14,8 @@ Every label goes through `safe_text` (no control character, so the SVG stays wel
 from __future__ import annotations
 
 import html
+import re
+import textwrap
 from typing import Any, Optional
 
 import graphviz
@@ -65,6 +67,10 @@ MORE = {
     "fontcolor": "#444444",
 }
 MAX_TEXT = 70
+# Columns of one step, side by side: forward; backward with the recomputes it triggers; the optimizer.
+COLUMN = {"forward": 0, "other": 0, "backward": 1, "recompute": 1, "optimizer": 2}
+ROW_MAX = 4  # a leaf module call with at most this many hook nodes draws them in one row
+SURPRISES_SHOWN = 8  # surprise lines in the heading (alike ones, differing in layer numbers, count once)
 PHASE_SHORT = {RECOMPUTE: RECOMPUTE, OPTIMIZER_PHASE: OPTIMIZER_PHASE}  # long titles go to the legend
 PHASE_NOTES = {
     "recompute": "forward again during backward (checkpoint)",
@@ -98,7 +104,7 @@ class _Emitter:
             for seq in s.events:
                 if s.rule not in self.rules.setdefault(seq, []):
                     self.rules[seq].append(s.rule)
-        self.chain: list[tuple[int, int, str]] = []  # (seq, order, node id): joined in seq order
+        self.chain: list[tuple[int, int, str, tuple[int, str]]] = []  # (seq, order, node id, (step, phase))
         self.ids = 0
         self.used: set[str] = set()  # legend entries the picture needs
         self.kinds: set[str] = set()  # kinds drawn
@@ -107,11 +113,11 @@ class _Emitter:
         self.ids += 1
         return f"{prefix}{self.ids}"
 
-    def link(self, seq: int, node_id: str) -> None:
-        self.chain.append((seq, len(self.chain), node_id))
+    def link(self, seq: int, node_id: str, where: tuple[int, str]) -> None:
+        self.chain.append((seq, len(self.chain), node_id, where))
 
     # -- nodes -----------------------------------------------------------------------------------
-    def fire_node(self, g: graphviz.Digraph, events: list[Event], parent: Optional[str]) -> None:
+    def fire_node(self, g: graphviz.Digraph, events: list[Event], parent: Optional[str]) -> str:
         e, last = events[0], events[-1]
         h = self.hook_of(e.hook)
         kind = e.kind or (h.kind if h else "hook")  # not a kind: the word for an unknown one
@@ -156,9 +162,10 @@ class _Emitter:
             tooltip.append(f"registered at {site(h.registered_at)}")
         node_id = self.new_id("h")
         g.node(node_id, _label(*lines), tooltip=_esc("; ".join(tooltip), 300), **attrs)
-        self.link(e.seq, node_id)
+        self.link(e.seq, node_id, (e.step, e.phase))
+        return node_id
 
-    def saved_node(self, g: graphviz.Digraph, s: SavedTensors) -> None:
+    def saved_node(self, g: graphviz.Digraph, s: SavedTensors) -> str:
         counts = ", ".join(f"{n} {k}" for k, n in s.counts().items())
         names = ", ".join(dict.fromkeys(hook_name(self.hook_of(e.hook), e.hook) for e in s.events))
         lines = [_esc(f"saved tensors  #{s.seq}…#{s.last_seq}"), _esc(counts), _esc(names)]
@@ -166,7 +173,8 @@ class _Emitter:
         g.node(node_id, _label(*lines), fillcolor=FAMILIES["saved"][0])
         self.used.add("saved")
         self.kinds.update(e.kind for e in s.events if e.kind)
-        self.link(s.seq, node_id)
+        self.link(s.seq, node_id, (s.events[0].step, s.events[0].phase))
+        return node_id
 
     def more_node(self, g: graphviz.Digraph, hidden: list[Node]) -> None:
         first, last = hidden[0], hidden[-1]
@@ -182,29 +190,37 @@ class _Emitter:
         g.node(node_id, _label(_esc(what), _esc(span), f"{fires} hook calls not drawn (--expand draws them)"),
                **MORE)  # fmt: skip
         self.used.add("more")
-        self.link(first.first_seq, node_id)
+        self.link(first.first_seq, node_id, (first.step, first.phase))
 
     # -- clusters --------------------------------------------------------------------------------
     def children(self, g: graphviz.Digraph, node: Node) -> None:
         parent = node.module if node.kind in ("call", "group") else None
         pending: list[Event] = []
+        leaves: list[str] = []  # hook nodes drawn straight into this cluster
+        nested = False
         for item, same in ct.runs(node.children, self.expand):
             if type(item) is Event and pending and not self.expand and _same_call(pending[-1], item):
                 pending.append(item)
                 continue
             if pending:
-                self.fire_node(g, pending, parent)
+                leaves.append(self.fire_node(g, pending, parent))
                 pending = []
             if type(item) is Event:
                 pending = [item]
             elif type(item) is SavedTensors:
-                self.saved_node(g, item)
+                leaves.append(self.saved_node(g, item))
             else:
+                nested = True
                 self.cluster(g, item)
                 if same:
                     self.more_node(g, same)
         if pending:
-            self.fire_node(g, pending, parent)
+            leaves.append(self.fire_node(g, pending, parent))
+        if node.kind in ("call", "group") and not nested and 1 < len(leaves) <= ROW_MAX:
+            with g.subgraph() as row:  # a leaf call's few hooks side by side: the picture uses its width
+                row.attr(rank="same")
+                for node_id in leaves:
+                    row.node(node_id)
 
     def cluster(self, g: graphviz.Digraph, node: Node) -> None:
         """Draw `node` as a cluster. Titles stay short and left-aligned (an exception goes into a
@@ -239,7 +255,7 @@ class _Emitter:
                 text = f"{'stopped by PyTorch' if stopped else 'raised'}: {short_error(node.error)}"
                 style = {**(STOPPED if stopped else ERROR), "style": "rounded,filled"}
                 c.node(marker, _label(_esc(text)), **style)
-                self.link(node.last_seq, marker)
+                self.link(node.last_seq, marker, (node.step, node.phase))
 
     def legend(self) -> list[str]:
         """Table cells (swatch, meaning) for what the picture uses, and only that."""
@@ -312,25 +328,77 @@ def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:
         root.children = list(tree.steps)
         em.children(g, root)
     em.chain.sort()
-    for (_, _, a), (_, _, b) in zip(em.chain, em.chain[1:]):
-        g.edge(a, b)
-    g.attr(label=_heading(title, em.legend()))
+    heads: dict[int, dict[int, str]] = {}  # step -> column -> its first node
+    for _, _, node_id, (step, phase) in em.chain:
+        heads.setdefault(step, {}).setdefault(COLUMN.get(phase, 0), node_id)
+    for (_, _, a, wa), (_, _, b, wb) in zip(em.chain, em.chain[1:]):
+        if wa[0] == wb[0] and COLUMN.get(wa[1], 0) != COLUMN.get(wb[1], 0):
+            g.edge(a, b, constraint="false", style="dashed")  # into another column of the same step
+        else:
+            g.edge(a, b)
+    for (
+        columns
+    ) in heads.values():  # a step's columns side by side, tops aligned (which one goes left is dot's choice)
+        if len(columns) > 1:
+            order = [columns[k] for k in sorted(columns)]
+            with g.subgraph() as top:
+                top.attr(rank="same")
+                for node_id in order:
+                    top.node(node_id)
+            for a, b in zip(order, order[1:]):
+                g.edge(a, b, style="invis")
+    g.attr(label=_heading(title, em.legend(), _surprise_lines(em.surprises)))
     return g
 
 
-def _heading(title: str, cells: list[str], per_row: int = 2) -> str:
-    """The graph's label: the title, and under it the legend (the graph label takes no rank, so the
-    legend cannot stretch the drawing)."""
+_NUMBERED = re.compile(r"(?<=\.)\d+\b|\b\d+(?=\.[A-Za-z_])|(?<=#)\d+")
+
+
+def _surprise_lines(surprises: list[Any]) -> list[str]:
+    """`rule: message` per surprise shown, those differing only in numbered modules (layers.0 /
+    layers.1) or seqs once with a count, at most SURPRISES_SHOWN of them."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for s in surprises:
+        groups.setdefault((s.rule, _NUMBERED.sub("N", s.message)), [s, 0])[1] += 1
+    lines = []
+    for first, alike in list(groups.values())[:SURPRISES_SHOWN]:
+        more = f" (×{alike - 1} more like this)" if alike > 1 else ""
+        lines.append(f"{first.rule}: {first.message}{more}")
+    if len(groups) > SURPRISES_SHOWN:
+        lines.append(
+            f"… {len(groups) - SURPRISES_SHOWN} more kinds of surprise: hooktrace render shows them all"
+        )
+    return lines
+
+
+def _wrapped(text: str, width: int = 120) -> str:
+    """HTML-label text, wrapped at `width` columns into left-aligned lines."""
+    return (
+        '<BR ALIGN="LEFT"/>'.join(
+            html.escape(line) for line in textwrap.wrap(_esc_html(text, 600), width) or [""]
+        )
+        + '<BR ALIGN="LEFT"/>'
+    )
+
+
+def _heading(title: str, cells: list[str], surprises: list[str] = (), per_row: int = 2) -> str:  # type: ignore[assignment]
+    """The graph's label: the title, the surprises explained, and the legend (the graph label takes
+    no rank, so none of it can stretch the drawing)."""
     rows = [f'<TR><TD COLSPAN="{2 * per_row}" BORDER="0"><B>{html.escape(_esc_html(title))}</B></TD></TR>']
+    for line in surprises:
+        rows.append(
+            f'<TR><TD COLSPAN="{2 * per_row}" BORDER="1" COLOR="#b7791f" BGCOLOR="#fff6e0" ALIGN="LEFT">'
+            f'<FONT POINT-SIZE="10">{_wrapped(line)}</FONT></TD></TR>'
+        )
     for i in range(0, len(cells), per_row):
         rows.append("<TR>" + "".join(cells[i : i + per_row]) + "</TR>")
     table = '<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="3" CELLPADDING="3">' + "".join(rows) + "</TABLE>"
     return f"<{table}>"
 
 
-def _esc_html(text: str) -> str:
+def _esc_html(text: str, limit: int = 200) -> str:
     text = safe_text(text)
-    return text if len(text) <= 200 else text[:199] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def dot_source(trace: Trace, *, expand: bool = False) -> str:
