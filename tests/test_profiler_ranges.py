@@ -120,7 +120,7 @@ def test_no_range_without_a_profiler(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: Any) -> None:
         raise AssertionError("a range was opened with no profiler active")
 
-    monkeypatch.setattr(shims, "open_range", refuse)  # for shims made from here on, through the namespace
+    monkeypatch.setattr(shims, "ranged", refuse)  # for shims made from here on, through the namespace
     calls: list[str] = []
     net = hooked(calls)
     with hooktrace.trace(net) as t:

@@ -68,27 +68,24 @@ def error_text(exc: BaseException) -> str:
 
 # The shim's body. What every shim of one capture shares (`counter`, `clock`, `ident`, `main`,
 # `append`, `error_text`, `_N`) are globals of a namespace made per Recorder; a shim's own closure
-# holds only `fn`, `hook_id`, `module_id`, `from_args` (fewer objects per wrapped hook).
+# holds only `fn`, `hook_id`, `module_id`, `from_args`, `same`, `kind` (few objects per wrapped hook);
+# `profiler._is_profiler_enabled` is read once per call: a hook runs inside a range only while it records.
 _SHIM_SOURCE = """
 def factory(fn, hook_id, module_id, from_args, same, kind):
     def hooktrace_shim({params}):
         seq = next(counter)
-        span = open_range(fn, kind) if profiler._is_profiler_enabled else None
+        call = ranged(fn, kind) if profiler._is_profiler_enabled else fn
         t0 = clock()
         try:
 {call}
         except BaseException as exc:
             t1 = clock()
-            if span is not None:
-                span.__exit__(None, None, None)
             tid = ident()
             if tid == main:
                 tid = main
             append((seq, hook_id, tid, t0, t1, error_text(exc), {first} if from_args else module_id))
             raise
         t1 = clock()
-        if span is not None:
-            span.__exit__(None, None, None)
         tid = ident()
         if tid == main:
             tid = main
@@ -100,24 +97,24 @@ def factory(fn, hook_id, module_id, from_args, same, kind):
 # count PyTorch uses for its kind is tested first.
 _POSITIONAL_CALL = """\
             if {usual}:
-                result = fn({usual_args})
+                result = call({usual_args})
             elif more:
-                result = fn(a, b, c, d, *more)
+                result = call(a, b, c, d, *more)
             elif d is not _N:
-                result = fn(a, b, c, d)
+                result = call(a, b, c, d)
             elif c is not _N:
-                result = fn(a, b, c)
+                result = call(a, b, c)
             elif b is not _N:
-                result = fn(a, b)
+                result = call(a, b)
             else:
-                result = fn(a)"""
+                result = call(a)"""
 _USUAL = {
     1: ("b is _N", "a"),
     2: ("c is _N and b is not _N", "a, b"),
     3: ("d is _N and c is not _N", "a, b, c"),
     4: ("not more and d is not _N", "a, b, c, d"),
 }
-_GENERIC_CALL = "            result = fn(*args, **kwargs)"
+_GENERIC_CALL = "            result = call(*args, **kwargs)"
 
 
 # Fixed templates compiled once, as namedtuple and dataclasses do, each under a file name of its own
@@ -151,13 +148,17 @@ _GENERIC_CODE = _compile(
 _MISSING = object()
 
 
-def open_range(fn: Any, kind: str) -> Any:
-    """A `record_function` range `hook <kind> <name>`, entered: under an active torch.profiler
-    session, the hook's call shows in the profiler's trace (TensorBoard, Perfetto) among the
-    operators it ran. Only called while the profiler records (`_is_profiler_enabled`)."""
-    span = torch.autograd.profiler.record_function(f"hook {kind} {hook_name(fn)}")
-    span.__enter__()
-    return span
+def ranged(fn: Any, kind: str) -> Callable[..., Any]:
+    """`fn` inside a `record_function` range `hook <kind> <name>`: under an active torch.profiler
+    session the hook's call shows in the profiler's trace (TensorBoard, Perfetto) around the
+    operators it ran. The shim asks for it only while the profiler records (`_is_profiler_enabled`)."""
+    label = f"hook {kind} {hook_name(fn)}"
+
+    def hook_in_range(*args: Any, **kwargs: Any) -> Any:
+        with torch.autograd.profiler.record_function(label):
+            return fn(*args, **kwargs)
+
+    return hook_in_range
 
 
 class Recorder:
@@ -200,7 +201,7 @@ class Recorder:
             "error_text": error_text,
             "_N": _MISSING,
             "profiler": torch.autograd.profiler,
-            "open_range": open_range,
+            "ranged": ranged,
         }
         self._factories: dict[Optional[int], Callable[..., Any]] = {}  # by arity; None: generic
         for arity, code in (*_POSITIONAL_CODES.items(), (None, _GENERIC_CODE)):

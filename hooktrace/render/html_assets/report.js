@@ -589,9 +589,15 @@
     g.font = "10.5px system-ui, sans-serif";
     const m = this.m, pane = this.pane;
     // phase bands
+    const bandPx = {};  // phase -> the last pixel column a narrow band of it filled
     for (const b of this.bands) {
       const x0 = this.x(b.a), x1 = this.x(b.b);
       if (x1 < 0 || x0 > W) continue;
+      if (x1 - x0 < 1) {  // phases alternating faster than pixels: one band per pixel and phase
+        const px = Math.floor(x0);
+        if (bandPx[b.phase] === px) continue;
+        bandPx[b.phase] = px;
+      }
       g.fillStyle = PHASE_COLORS[b.phase] || PHASE_COLORS.other;
       g.fillRect(x0, 0, Math.max(1, x1 - x0), H);
       if (x1 - x0 > 40) { g.fillStyle = "#6b7480"; g.fillText(S(b.phase) + (this.multiStep() ? " · step " + b.step : ""), Math.max(x0, 0) + 4, 11); }
@@ -627,7 +633,7 @@
       }
       // hook marks
       const hy = callsTop + l.callsH + 2;
-      let px = -2;
+      let px = -2, lastColor = null, lastAlpha = 1;
       const a = Math.max(0, lowerBound(l.hookStart, this.v0 - span * 0.01) - 1);
       for (let k = a; k < l.hooks.length; k++) {
         const e = l.hooks[k], s = this.S[e];
@@ -637,11 +643,12 @@
         const dim = filtered && !filtered[e];
         if (Math.floor(x0) === px && x1 - x0 < 1) continue;
         px = Math.floor(x0);
-        g.globalAlpha = dim ? 0.12 : 1;
-        g.fillStyle = KIND_COLORS[m.kind[e]] || "#555";
+        const color = KIND_COLORS[m.kind[e]] || "#555", alpha = dim ? 0.12 : 1;
+        if (color !== lastColor) { g.fillStyle = color; lastColor = color; }
+        if (alpha !== lastAlpha) { g.globalAlpha = alpha; lastAlpha = alpha; }
         g.fillRect(x0, hy, Math.max(1.5, x1 - x0), 14);
-        g.globalAlpha = 1;
       }
+      g.globalAlpha = 1;
       // marks (diff / divergence), highlights, selection: drawn on top, always visible
       const special = [];
       for (const s of m.marks) special.push([s, "#c53030"]);
