@@ -368,3 +368,11 @@ def test_a_100k_event_trace_loads_scrolls_and_filters(driver: Any, tmp_path: Pat
     count = int(driver.find_element("css selector", ".count").text.split()[0])
     expected = sum(1 for e in trace.events if e.type == "hook" and e.module == "layers.20.sub5")
     assert count == expected > 0
+
+
+def test_no_hidden_or_reordering_character_raw_in_the_page() -> None:
+    from hooktrace.render.safe import UNSAFE_CHARS
+
+    page = render(hostile(), "html")
+    assert not re.search(f"[{UNSAFE_CHARS.replace(chr(10), '').replace(chr(9), '')}]", page.replace("\n", ""))
+    assert embedded(page)["views"][0]["trace"]["hooks"][1]["name"] == BIDI, "the same string once parsed"

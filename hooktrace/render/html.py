@@ -16,6 +16,7 @@ element (`<`, `>`, `&`, U+2028, U+2029 as `\\u` escapes), and the viewer builds 
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from typing import Any, Iterable, Optional, Union
 
@@ -26,6 +27,9 @@ from ..analysis.calls import calls
 from ..analysis.calltree import Node, SavedTensors
 from ..schema import Event, Trace, gc_paused
 from .badges import title_target
+from .safe import UNSAFE_CHARS
+
+_HIDDEN = re.compile(f"[{UNSAFE_CHARS}]")
 
 __all__ = ["diff_html", "html_report", "ranks_html", "report_data", "trace_data"]
 
@@ -169,16 +173,37 @@ def trace_data(trace: Trace, label: str = "", marks: Iterable[int] = (), note: s
 
 def report_data(mode: str, views: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     """The whole document: `mode` is `trace`, `diff` or `ranks`; `views` one `trace_data` each."""
-    return {"format": "hooktrace.report", "version": 1, "mode": mode, "views": views, **extra}
+    return {
+        "format": "hooktrace.report",
+        "version": 1,
+        "mode": mode,
+        "unsafe": _js_class(UNSAFE_CHARS),  # what the viewer shows as escapes, as safe_text does
+        "views": views,
+        **extra,
+    }
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # a UTF-16 surrogate pair, as JSON spells characters past U+FFFF
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _json_for_script(data: Any) -> str:
-    """JSON that cannot end or confuse the `<script>` element holding it."""
+    """JSON that cannot end or confuse the `<script>` element holding it, and that holds no hidden
+    or reordering character raw (they are `\\u` escapes: the same strings once parsed)."""
     try:
         text = orjson.dumps(data).decode("utf-8")
     except TypeError:  # a lone surrogate in a name: JSON's own \\u escape keeps it
         text = json.dumps(data, ensure_ascii=True, separators=(",", ":"))
-    return text.translate(_ESCAPES)
+    return _HIDDEN.sub(_json_escape, text).translate(_ESCAPES)
+
+
+def _js_class(chars: str) -> str:
+    """The character class of `safe.UNSAFE_CHARS` for a JavaScript regex with the `u` flag."""
+    return "[" + "".join(c if c == "-" else f"\\u{{{ord(c):x}}}" for c in chars) + "]"
 
 
 def _asset(name: str) -> str:

@@ -18,14 +18,16 @@
   const PHASE_TITLES = {
     recompute: "recompute (forward again during backward)", optimizer: "optimizer (optimizer.step)",
   };
-  const UNSAFE = /[\u0000-\u001f\u007f-\u009f\u{d800}-\u{dfff}\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]/gu;
+  // the characters hooktrace's safe_text escapes (render/safe.py), sent with the data
+  let UNSAFE = /[\u0000-\u001f\u007f-\u009f\u{d800}-\u{dfff}\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]/gu;
 
   function S(s) {
     if (s === null || s === undefined) return "";
     s = String(s);
     return s.replace(UNSAFE, (c) => {
       const n = c.codePointAt(0);
-      return n < 0x100 ? "\\x" + n.toString(16).padStart(2, "0") : "\\u" + n.toString(16).padStart(4, "0");
+      if (n < 0x100) return "\\x" + n.toString(16).padStart(2, "0");
+      return n < 0x10000 ? "\\u" + n.toString(16).padStart(4, "0") : "\\U" + n.toString(16).padStart(8, "0");
     });
   }
   function SL(s) { return String(s === null || s === undefined ? "" : s).split("\n").map(S).join("\n"); }
@@ -905,6 +907,7 @@
     try {
       const t0 = performance.now();
       const data = JSON.parse(document.getElementById("hooktrace-data").textContent);
+      if (data.unsafe) UNSAFE = new RegExp(data.unsafe, "gu");
       const t1 = performance.now();
       window.hooktraceReport = new App(data, root);
       window.hooktraceTimings = { parse_ms: t1 - t0, build_ms: performance.now() - t1, ready_ms: performance.now() };
