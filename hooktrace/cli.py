@@ -27,7 +27,8 @@ from .options import (
     view_options,
 )
 from .outputs import console as _console
-from .outputs import os_error as _os_error
+from .outputs import emit_page as _emit
+from .outputs import is_html as _is_html
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
 from .render import RENDERERS
@@ -259,27 +260,6 @@ def _rank_files_note(output: str, nproc: int) -> str:
     elif not output.lower().endswith((".json", ".json.gz")):
         note += f" (JSON, not {Path(output).name}); draw one with: hooktrace render {first} -o {output}"
     return note
-
-
-def _is_html(fmt: Optional[str], output: Optional[Path]) -> bool:
-    """The html format asked for, by name or by the extension of `-o`."""
-    if fmt is not None:
-        return fmt == "html"
-    return output is not None and output.suffix.lower() in (".html", ".htm")
-
-
-def _emit(page: str, output: Optional[Path], what: str) -> None:
-    """A page made from several traces: to `output` (atomically), else to stdout."""
-    if output is None:
-        sys.stdout.write(page)
-        return
-    from .io import write_atomic
-
-    try:
-        write_atomic(output, page)
-    except OSError as exc:
-        raise UsageError(f"cannot write {output}: {_os_error(exc, output)}") from exc
-    _stderr(f"wrote {output} ({what})")
 
 
 # -- commands -------------------------------------------------------------------------------------

@@ -103,3 +103,24 @@ def os_error(exc: OSError, path: Path) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"{reason}; choose a path you can write to"
     return f"{reason} (errno {exc.errno})" if exc.errno else reason
+
+
+def is_html(fmt: Optional[str], output: Optional[Path]) -> bool:
+    """The html format asked for, by name or by the extension of `-o`."""
+    if fmt is not None:
+        return fmt == "html"
+    return output is not None and output.suffix.lower() in (".html", ".htm")
+
+
+def emit_page(page: str, output: Optional[Path], what: str) -> None:
+    """A page made from several traces: to `output` (atomically), else to stdout."""
+    if output is None:
+        sys.stdout.write(page)
+        return
+    from .io import write_atomic
+
+    try:
+        write_atomic(output, page)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {os_error(exc, output)}") from exc
+    stderr_line(f"wrote {output} ({what})")

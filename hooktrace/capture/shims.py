@@ -40,7 +40,7 @@ import torch
 
 from .. import kinds
 from ..kinds import FORWARD, OPTIMIZER_PHASE, RECOMPUTE
-from .sites import hook_name
+from .ranges import ranged
 from .views import _is_compiling
 
 # Keys of objects given one after another object with the same id died: above every id.
@@ -146,19 +146,6 @@ _GENERIC_CODE = _compile(
     "<hooktrace-shim>",
 )
 _MISSING = object()
-
-
-def ranged(fn: Any, kind: str) -> Callable[..., Any]:
-    """`fn` inside a `record_function` range `hook <kind> <name>`: under an active torch.profiler
-    session the hook's call shows in the profiler's trace (TensorBoard, Perfetto) around the
-    operators it ran. The shim asks for it only while the profiler records (`_is_profiler_enabled`)."""
-    label = f"hook {kind} {hook_name(fn)}"
-
-    def hook_in_range(*args: Any, **kwargs: Any) -> Any:
-        with torch.autograd.profiler.record_function(label):
-            return fn(*args, **kwargs)
-
-    return hook_in_range
 
 
 class Recorder:

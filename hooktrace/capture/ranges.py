@@ -1,0 +1,27 @@
+"""Hooks in torch.profiler traces: a traced hook call inside a `record_function` range.
+
+The shim (shims.py) reads `torch.autograd.profiler._is_profiler_enabled` once per call and calls
+the hook through `ranged` only while a profiler records, so TensorBoard and Perfetto show each hook
+as `hook <kind> <name>` around the operators it ran; with no profiler, nothing here runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .sites import hook_name
+
+__all__ = ["ranged"]
+
+
+def ranged(fn: Any, kind: str) -> Callable[..., Any]:
+    """`fn` inside a `record_function` range `hook <kind> <name>` (the name the trace gives it)."""
+    label = f"hook {kind} {hook_name(fn)}"
+
+    def hook_in_range(*args: Any, **kwargs: Any) -> Any:
+        with torch.autograd.profiler.record_function(label):
+            return fn(*args, **kwargs)
+
+    return hook_in_range
