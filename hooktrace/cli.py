@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 import typer
 
+from .compare import load_side_file, load_trace_file, print_comparison
 from .options import (
     PHASE_CHOICES,
     ROOT_LABEL,
@@ -35,7 +36,6 @@ from .render import RENDERERS
 
 if TYPE_CHECKING:
     from .compare import Side
-    from .schema import Trace
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 FORMATS = tuple(RENDERERS)  # the renderer registry's names
@@ -135,62 +135,6 @@ def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
-def _load_trace(path: Path) -> Trace:
-    from .schema import TraceFormatError
-    from .validate import load
-
-    if not path.exists():
-        raise UsageError(f"trace file not found: {path}; write one with hooktrace run TARGET -o {path.name}")
-    try:
-        return load(path)
-    except TraceFormatError as exc:
-        advice = (
-            "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
-        )
-        raise UsageError(f"cannot read {path}: {exc}{advice}") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
-
-
-def _load_side(path: Path) -> Side:
-    """A saved trace or an order file (`--check`, `diff`)."""
-    from .compare import OrderFormatError, read_file
-    from .schema import TraceFormatError
-
-    if not path.exists():
-        raise UsageError(
-            f"file not found: {path}; write a trace with hooktrace run TARGET -o {path.stem}.json "
-            f"or an order file with -o {path.stem}.txt"
-        )
-    try:
-        return read_file(path)
-    except OrderFormatError as exc:
-        raise UsageError(f"cannot read {exc}; give a trace (.json) or an order file (-f order)") from exc
-    except TraceFormatError as exc:
-        advice = (
-            "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
-        )
-        raise UsageError(f"cannot read {path}: {exc}{advice}") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
-
-
-def _compare(expected: Side, observed: Side, *, check: bool, quiet: bool = False) -> bool:
-    """Print the ordering differences; True when the orders are equal. `quiet`: nothing when equal.
-
-    `diff` prints to stdout; `run --check` to stderr, as its stdout may hold a JSON trace."""
-    from .compare import compare_sides
-
-    stream = sys.stderr if check else sys.stdout
-    result = compare_sides(expected, observed)
-    if result.equal:
-        if not quiet:
-            print(_safe(f"same hook order: {expected.name} and {observed.name}"), file=stream)
-        return True
-    print(_safe(result.summary()), file=stream)
-    return False
-
-
 def _run_ranks(
     target: str,
     nproc: int,
@@ -243,7 +187,7 @@ def _run_ranks(
         from .compare import Side
 
         shown = Side(ranks.shown, False, f"rank {ranks.show_rank}")
-        if not _compare(golden, shown, check=True, quiet=quiet):
+        if not print_comparison(golden, shown, check=True, quiet=quiet):
             code = max(code, EXIT_DIFFERENT)
     return code
 
@@ -311,7 +255,7 @@ def run(
             raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
         if quiet and check is None:
             raise UsageError("-q goes with --check GOLDEN; add --check or drop -q")
-        golden = _load_side(check) if check is not None else None
+        golden = load_side_file(check) if check is not None else None
         from .runs.profiling import check_profile_path, profiled
 
         check_profile_path(profile)
@@ -345,7 +289,7 @@ def run(
     if golden is not None:
         from .compare import Side
 
-        if not _compare(golden, Side(result.trace, False, target), check=True, quiet=quiet):
+        if not print_comparison(golden, Side(result.trace, False, target), check=True, quiet=quiet):
             code = EXIT_DIFFERENT
     if result.stopped_by is not None:
         _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
@@ -392,7 +336,7 @@ def render(
         view = view_options(depth, module, phase, expand, all_surprises)
         if format is not None and format not in FORMATS:
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
-        _output(_load_trace(trace_file), format, output, view)
+        _output(load_trace_file(trace_file), format, output, view)
     except UsageError as exc:
         _fail(exc, traceback)
 
@@ -423,7 +367,7 @@ def diff(
             raise UsageError(
                 f"diff writes html only (-f html or -o {output.stem}.html); text goes to the terminal"
             )
-        first, second = _load_side(a), _load_side(b)
+        first, second = load_side_file(a), load_side_file(b)
         if html:
             from .render.html import diff_html
 
@@ -436,7 +380,7 @@ def diff(
         from .compare import compare_sides
 
         raise typer.Exit(EXIT_OK if compare_sides(first, second).equal else EXIT_DIFFERENT)
-    raise typer.Exit(EXIT_OK if _compare(first, second, check=False, quiet=quiet) else EXIT_DIFFERENT)
+    raise typer.Exit(EXIT_OK if print_comparison(first, second, check=False, quiet=quiet) else EXIT_DIFFERENT)
 
 
 def _command_path(group: Any, args: List[str], ctx: Any) -> str:
@@ -486,10 +430,10 @@ def exec_(
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
         view = view_options(depth, module, phase, expand, all_surprises)
         target, options = sc.exec_target(script, as_module, start, steps, step_on, keep_running)
-        golden = _load_side(check) if check is not None else None
+        golden = load_side_file(check) if check is not None else None
         if nproc is not None:
             raise typer.Exit(sc.run_exec_ranks(nproc, options, format, view, script or [], as_module, output))
-        compare = golden and (lambda seen: _compare(golden, seen, check=True, quiet=quiet))  # noqa: E731
+        compare = golden and (lambda seen: print_comparison(golden, seen, check=True, quiet=quiet))  # noqa: E731
         raise typer.Exit(sc.run_exec(target, options, format, output, view, quiet, compare))
     except UsageError as exc:
         _fail(exc, traceback)
@@ -504,7 +448,7 @@ def ranks(
     from .script_commands import ranks_summary
 
     try:
-        text, code = ranks_summary([(path, _load_trace(path)) for path in files])
+        text, code = ranks_summary([(path, load_trace_file(path)) for path in files])
     except UsageError as exc:
         _fail(exc, traceback)
     print(text)

@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from .analysis.diff import TraceDiff, diff_traces
 from .io import GZIP_MAGIC, inflate, read_bytes
+from .options import UsageError
 from .render.order import OrderFormatError, is_order_text, order_lines, order_text, parse_order
 from .schema import Trace, TraceFormatError
 from .validate import load
+
+
+def safe_lines(message: str) -> str:
+    """Text from names, paths and files, control characters (and lone surrogates) shown escaped."""
+    from .render.safe import safe_text
+
+    return "\n".join(safe_text(line) for line in message.split("\n"))
+
 
 __all__ = [
     "OrderFormatError",
@@ -121,3 +131,54 @@ def assert_order(observed: Comparable, expected: Comparable) -> TraceDiff:
     if not result.equal:
         raise AssertionError(failure_message(a, b, result))
     return result
+
+
+# -- what the commands read and print (--check, diff, render) -----------------------------------
+
+
+def load_trace_file(path: Path) -> Trace:
+    if not path.exists():
+        raise UsageError(f"trace file not found: {path}; write one with hooktrace run TARGET -o {path.name}")
+    try:
+        return load(path)
+    except TraceFormatError as exc:
+        advice = (
+            "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
+        )
+        raise UsageError(f"cannot read {path}: {exc}{advice}") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def load_side_file(path: Path) -> Side:
+    """A saved trace or an order file (`--check`, `diff`)."""
+    if not path.exists():
+        raise UsageError(
+            f"file not found: {path}; write a trace with hooktrace run TARGET -o {path.stem}.json "
+            f"or an order file with -o {path.stem}.txt"
+        )
+    try:
+        return read_file(path)
+    except OrderFormatError as exc:
+        raise UsageError(f"cannot read {exc}; give a trace (.json) or an order file (-f order)") from exc
+    except TraceFormatError as exc:
+        advice = (
+            "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
+        )
+        raise UsageError(f"cannot read {path}: {exc}{advice}") from exc
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def print_comparison(expected: Side, observed: Side, *, check: bool, quiet: bool = False) -> bool:
+    """Print the ordering differences; True when the orders are equal. `quiet`: nothing when equal.
+
+    `diff` prints to stdout; `run --check` to stderr, as its stdout may hold a JSON trace."""
+    stream = sys.stderr if check else sys.stdout
+    result = compare_sides(expected, observed)
+    if result.equal:
+        if not quiet:
+            print(safe_lines(f"same hook order: {expected.name} and {observed.name}"), file=stream)
+        return True
+    print(safe_lines(result.summary()), file=stream)
+    return False

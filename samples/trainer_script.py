@@ -32,7 +32,9 @@ model.model.layers[0].self_attn.register_forward_pre_hook(log_attention_input, w
 model.model.norm.register_full_backward_hook(clip_norm_grad)
 
 g = torch.Generator().manual_seed(1)
-data = [{"input_ids": (ids := torch.randint(0, 64, (16,), generator=g)), "labels": ids.clone()} for _ in range(16)]
+data = [
+    {"input_ids": (ids := torch.randint(0, 64, (16,), generator=g)), "labels": ids.clone()} for _ in range(16)
+]
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as out:

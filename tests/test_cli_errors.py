@@ -219,7 +219,7 @@ def test_an_unexpected_exception_is_one_clean_line(
     def broken(path: Path) -> None:
         raise TypeError("a bug in hooktrace")
 
-    monkeypatch.setattr(cli, "_load_side", broken)
+    monkeypatch.setattr(cli, "load_side_file", broken)
     code, line = one_error_line(["diff", "a.json", "b.json"], capsys)
     assert (
         code == 1

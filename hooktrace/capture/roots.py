@@ -88,3 +88,18 @@ def modules_called(rec: Any, keys: list[int]) -> list[Any]:
 def of_calls(rec: Any) -> list[Any]:
     """The roots of a capture with no model: the live modules of its outermost calls, nested ones out."""
     return choose(modules_called(rec, outermost(rec.calls)))
+
+
+def compiled_inner(model: Any) -> Any:
+    """`m` when `model` is `torch.compile(m)`'s wrapper (an OptimizedModule), else None."""
+    children = getattr(model, "__dict__", {}).get("_modules")
+    return children.get("_orig_mod") if children and "_orig_mod" in children else None
+
+
+def model_modules(model: Any) -> list[tuple[str, Any]]:
+    """`model.named_modules()`; for `torch.compile(m)`'s wrapper, m's, with the wrapper named "" too:
+    the wrapper is named as m everywhere (its calls are m's), so its hooks' events and its hooks agree."""
+    inner = compiled_inner(model)
+    if inner is None:
+        return list(model.named_modules())
+    return [("", model), *inner.named_modules()]

@@ -265,7 +265,7 @@ class TraceSession:
         named = self._trace_modules()
         for path, module in named:
             final.paths[self._rec.key(module)] = path
-            if module is not model or _compiled_inner(model) is None:
+            if module is not model or roots.compiled_inner(model) is None:
                 final.modules.append(Module(path, type(module).__name__))
             for pname, param in module.__dict__.get("_parameters", {}).items():
                 if param is not None and id(param) not in final.params:
@@ -284,12 +284,12 @@ class TraceSession:
         return final
 
     def _trace_modules(self) -> list[tuple[str, Any]]:
-        """(path, module) for the trace: the model's (`_named_modules`), or, with no model, those of
+        """(path, module) for the trace: the model's (`roots.model_modules`), or, with no model, those of
         the roots (the modules of outermost calls, capture/roots.py)."""
         model = self._model
         if isinstance(model, torch.nn.Module):
             self._roots = [model]
-            return _named_modules(model)
+            return roots.model_modules(model)
         self._roots = roots.of_calls(self._rec) if model is None else []
         return roots.named_modules(self._roots)
 
@@ -414,7 +414,7 @@ class TraceSession:
         key = self._rec.key(module)
         path = self._paths.get(key)
         if path is None and isinstance(self._model, torch.nn.Module):
-            for p, m in _named_modules(self._model):
+            for p, m in roots.model_modules(self._model):
                 self._paths[self._rec.key(m)] = p
             path = self._paths.get(key)
         return path
@@ -422,7 +422,7 @@ class TraceSession:
     def _record_held(self, model: Any) -> None:
         """Record every hook the model and the global dicts hold now, and make their shims."""
         if isinstance(model, torch.nn.Module):
-            for path, module in _named_modules(model):
+            for path, module in roots.model_modules(model):
                 self._paths[self._rec.key(module)] = path
                 self._rec.module_key(module)  # known now, so the module's first call does not add it
         book = self._book
@@ -487,18 +487,3 @@ class TraceSession:
         self._roots = []
         self._interceptor = None
         self._views = None
-
-
-def _compiled_inner(model: Any) -> Any:
-    """`m` when `model` is `torch.compile(m)`'s wrapper (an OptimizedModule), else None."""
-    children = getattr(model, "__dict__", {}).get("_modules")
-    return children.get("_orig_mod") if children and "_orig_mod" in children else None
-
-
-def _named_modules(model: Any) -> list[tuple[str, Any]]:
-    """`model.named_modules()`; for `torch.compile(m)`'s wrapper, m's, with the wrapper named "" too:
-    the wrapper is named as m everywhere (its calls are m's), so its hooks' events and its hooks agree."""
-    inner = _compiled_inner(model)
-    if inner is None:
-        return list(model.named_modules())
-    return [("", model), *inner.named_modules()]
