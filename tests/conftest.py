@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -51,3 +52,18 @@ def gloo_one_rank() -> Iterator[None]:
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _global_module_hooks_kept_per_test():
+    """A factory or script run in-process by the CLI tests registers global module hooks it never
+    removes (as a user's would); later tests start from the global hook dicts as they were."""
+    module = sys.modules.get("torch.nn.modules.module")
+    names = [n for n in dir(module) if n.startswith("_global_") and n.endswith("_hooks")] if module else []
+    saved = {name: list(getattr(module, name).items()) for name in names}
+    yield
+    for name, items in saved.items():
+        d = getattr(module, name)
+        if list(d.items()) != items:
+            d.clear()
+            d.update(items)
