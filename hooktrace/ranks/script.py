@@ -15,7 +15,8 @@ import sys
 import tempfile
 from typing import Optional
 
-from ..schema import TraceFormatError, load
+from ..schema import TraceFormatError
+from ..validate import load
 from .result import DIED, OK, RankOutcome, RanksResult, rank_trace_path
 
 
