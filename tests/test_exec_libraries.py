@@ -40,7 +40,7 @@ def _in_steps(lines: list[list[str]], *steps: int) -> list[str]:
 
 @pytest.mark.slow
 def test_hf_trainer_with_gradient_checkpointing(tmp_path):
-    pytest.importorskip("transformers")  # not a dev extra: runs where it is installed
+    pytest.importorskip("transformers")  # a dev extra; skips in a user environment without it
     trace, lines, done = _exec(tmp_path, "--start", "2", "--steps", "1", "hf_trainer.py")
     names = {"layer0_pre", "mlp_out", "norm_backward", "embed_grad"}
     traced = _user_hooks(trace, names)
@@ -76,7 +76,7 @@ def test_accelerate_prepared_loop(tmp_path):
 
 @pytest.mark.slow
 def test_lightning_fit(tmp_path):
-    pytest.importorskip("pytorch_lightning")  # not a dev extra: runs where it is installed
+    pytest.importorskip("pytorch_lightning")  # a dev extra; skips without it
     trace, lines, _done = _exec(tmp_path, "--start", "2", "lightning_fit.py")
     traced = _user_hooks(trace, {"body_out", "head_backward_pre"})
     assert [name for name, _ in traced] == _in_steps(lines, 2)
