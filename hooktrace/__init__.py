@@ -38,20 +38,22 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def trace(model: Optional[Any] = None, *, target: Optional[str] = None) -> TraceSession:
+def trace(model: Optional[Any] = None, *, target: Optional[str] = None, shapes: bool = False) -> TraceSession:
     """Trace every hook that fires inside the `with` block.
 
     `model` names module paths and has its pre-existing hooks inventoried. It may be given later
     with `session.attach(model)` (the CLI calls the factory inside the capture). Without a model,
     every module called inside the block is traced: each outermost module call is a root, paths are
     `named_modules()` paths under it, prefixed by its class name (`Name#2` for a second root of the
-    same class) when there are several roots.
+    same class) when there are several roots. `shapes=True`: each hook event also records the
+    shapes, dtypes and devices of what the hook received and returned (`Event.shapes`, e.g.
+    `(f32[8,16] cpu,), f32[8,4] cpu`); off by default, and then it costs nothing.
     """
     from .analysis.counts import summary
     from .analysis.surprises import find_surprises
     from .capture import TraceSession
 
-    return TraceSession(model, target=target, analyse=find_surprises, describe=summary)
+    return TraceSession(model, target=target, analyse=find_surprises, describe=summary, shapes=shapes)
 
 
 def diff(a: Any, b: Any) -> TraceDiff:

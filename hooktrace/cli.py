@@ -32,7 +32,6 @@ from .outputs import emit_page as _emit
 from .outputs import is_html as _is_html
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
-from .outputs import text_or_html as _text_or_html
 from .render import RENDERERS
 
 if TYPE_CHECKING:
@@ -81,9 +80,6 @@ FORMAT_OPT = typer.Option(
     "-f",
     metavar="FORMAT",
     help="tree|json|dot|svg|chrome|order|html; default: from the -o extension, else tree.",
-)
-PAGE_FORMAT_OPT = typer.Option(
-    None, "--format", "-f", metavar="FORMAT", help="text (default) or html: one page, differences marked."
 )
 OUTPUT_OPT = typer.Option(
     None, "--output", "-o", metavar="PATH", help="Write to this file instead of the terminal."
@@ -172,8 +168,7 @@ def _run_ranks(
 
         traces = {o.rank: o.trace for o in ranks.ranks if o.trace is not None}
         if traces:
-            page = ranks_html(traces, missing=[o.rank for o in ranks.ranks if o.trace is None])
-            _emit(page, output, f"html: {len(traces)} ranks")
+            _emit(ranks_html(traces), output, f"html: {len(traces)} ranks")
     elif ranks.shown is not None and not quiet:
         _output(ranks.shown, fmt, None, view)
     if quiet:  # -q: the ranks' summary only when they failed or diverged
@@ -223,6 +218,7 @@ def run(
     no_backward: bool = cli_option("backward", False),  # not a kind: an option
     steps: int = cli_option("steps", 1, min=1),
     optimizer: Optional[str] = cli_option("optimizer"),  # not a kind: an option
+    shapes: bool = cli_option("shapes", False),
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
     check: Optional[Path] = CHECK_OPT,
@@ -252,6 +248,7 @@ def run(
             steps=steps,
             optimizer=optimizer,
             timeout=timeout,
+            shapes=shapes,
         ).check()
         view = view_options(depth, module, phase, expand, all_surprises)
         if format is not None and format not in FORMATS:
@@ -353,13 +350,25 @@ def diff(
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="Print only the differences (nothing when equal)."
     ),
-    format: Optional[str] = PAGE_FORMAT_OPT,
+    format: Optional[str] = typer.Option(
+        None,
+        "--format",
+        "-f",
+        metavar="FORMAT",
+        help="text (default) or html: both sides, differences marked.",
+    ),
     output: Optional[Path] = OUTPUT_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Ordering differences between two saved traces or order files; exit 1 when they differ."""
     try:
-        html = _text_or_html(format, output, "diff")
+        if format is not None and format not in ("text", "html"):
+            raise UsageError(f"unknown --format {format!r} for diff; use text or html")
+        html = _is_html(format, output)
+        if output is not None and not html:
+            raise UsageError(
+                f"diff writes html only (-f html or -o {output.stem}.html); text goes to the terminal"
+            )
         first, second = load_side_file(a), load_side_file(b)
         if html:
             from .render.html import diff_html
@@ -399,6 +408,7 @@ def exec_(
     steps: int = exec_option("steps", 1, min=1),
     step_on: str = exec_option("step_on", "optimizer"),  # not a kind
     keep_running: bool = exec_option("keep_running", False),
+    shapes: bool = cli_option("shapes", False),
     nproc: Optional[int] = typer.Option(
         None, "--nproc", metavar="N", min=1, help="Ranks to launch through PyTorch's elastic launcher."
     ),
@@ -422,7 +432,7 @@ def exec_(
         if format is not None and format not in FORMATS:
             raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
         view = view_options(depth, module, phase, expand, all_surprises)
-        target, options = sc.exec_target(script, as_module, start, steps, step_on, keep_running)
+        target, options = sc.exec_target(script, as_module, start, steps, step_on, keep_running, shapes)
         golden = load_side_file(check) if check is not None else None
         if nproc is not None:
             raise typer.Exit(sc.run_exec_ranks(nproc, options, format, view, script or [], as_module, output))
@@ -435,25 +445,16 @@ def exec_(
 @app.command()
 def ranks(
     files: List[Path] = typer.Argument(..., metavar="TRACE.rank0.json ...", help="One trace per rank."),
-    format: Optional[str] = PAGE_FORMAT_OPT,
-    output: Optional[Path] = OUTPUT_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Do the ranks' hook orders agree? Per-rank traces from any nodes (exec under torchrun, run --nproc)."""
-    from .script_commands import ranks_page, ranks_summary
+    from .script_commands import ranks_summary
 
     try:
-        html = _text_or_html(format, output, "ranks")
-        traces = [(path, load_trace_file(path)) for path in files]
-        text, code = ranks_summary(traces)
-        if html:
-            _emit(ranks_page(traces), output, f"html: {len(traces)} ranks, the first divergence marked")
+        text, code = ranks_summary([(path, load_trace_file(path)) for path in files])
     except UsageError as exc:
         _fail(exc, traceback)
-    if html and output is None:  # stdout holds the page
-        _stderr(text)
-    else:
-        print(_safe(text))
+    print(text)
     raise typer.Exit(code)
 
 

@@ -155,13 +155,8 @@ def null_among(column: list[Any], picks: Sequence[Any], ints: bool) -> bool:
     return False
 
 
-_NOT_REGULAR = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
 
 
 def _too_large(name: str, limit: int) -> TraceFormatError:
@@ -265,20 +260,22 @@ def write_json(path: PathLike, chunks: Sequence[bytes]) -> None:
 
 # -- version 2 columns -----------------------------------------------------------------------------------
 def to_columns(
-    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]
+    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str], width: int = 0
 ) -> dict[str, Any]:
-    """`{"count", "columns", "tables"}` of rows of len(fields) values: the fields in `indexed` hold
-    indices into a table of their distinct values (sorted; null stays null)."""
-    slices, tables = _transposed(rows, fields, indexed)
+    """`{"count", "columns", "tables"}` of the first len(fields) of rows of `width` (or len(fields)) values:
+    `indexed` fields hold indices into a table of their distinct values (sorted; null stays null)."""
+    slices, tables = _transposed(rows, fields, indexed, width)
     columns = {name: list(chain.from_iterable(parts)) for name, parts in zip(fields, slices)}
     return {"count": len(rows), "columns": columns, "tables": tables}
 
 
-def columns_json(rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]) -> list[bytes]:
-    """Chunks of exactly the bytes `dumps(to_columns(rows, fields, indexed))` makes, without whole
-    columns: orjson writes each slice of each column, so no column is built and the document is
-    never copied into one piece."""
-    slices, tables = _transposed(rows, fields, indexed)
+def columns_json(
+    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str], width: int = 0
+) -> list[bytes]:
+    """Chunks of exactly the bytes `dumps(to_columns(rows, fields, indexed, width))` makes, without
+    whole columns: orjson writes each slice of each column, so no column is built and the document
+    is never copied into one piece."""
+    slices, tables = _transposed(rows, fields, indexed, width)
     chunks = [b'{"count":%d,"columns":{' % len(rows)]
     for i, (name, parts) in enumerate(zip(fields, slices)):
         chunks.append(b'%s"%s":[' % (b"," if i else b"", name.encode()))
@@ -289,20 +286,21 @@ def columns_json(rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: 
 
 
 def _transposed(
-    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str]
+    rows: Sequence[Sequence[Any]], fields: Sequence[str], indexed: Iterable[str], width: int
 ) -> tuple[list[list[tuple[Any, ...]]], dict[str, list[Any]]]:
     """Each field's values as tuples of up to _TRANSPOSE_ROWS rows (slices keep the transposition
     in the CPU caches), indexed fields' values replaced by indices; and the tables."""
-    if not _STRICT and rows and set(map(len, rows)) != {len(fields)}:
-        raise _length_error(rows, fields)
+    width = width or len(fields)
+    if not _STRICT and rows and set(map(len, rows)) != {width}:
+        raise _length_error(rows, width)
     slices: list[list[tuple[Any, ...]]] = [[] for _ in fields]
     for start in range(0, len(rows), _TRANSPOSE_ROWS):
-        try:  # strict: rows of unequal length raise; then len(fields) parts mean len(fields) values each
+        try:  # strict: rows of unequal length raise; then `width` parts mean `width` values each
             transposed = list(zip(*rows[start : start + _TRANSPOSE_ROWS], **_STRICT))
         except ValueError:
-            raise _length_error(rows, fields) from None
-        if len(transposed) != len(fields):
-            raise _length_error(rows, fields)
+            raise _length_error(rows, width) from None
+        if len(transposed) != width:
+            raise _length_error(rows, width)
         for parts, part in zip(slices, transposed):
             parts.append(part)
     tables: dict[str, list[Any]] = {}
@@ -316,9 +314,9 @@ def _transposed(
     return slices, tables
 
 
-def _length_error(rows: Sequence[Sequence[Any]], fields: Sequence[str]) -> TraceFormatError:
-    bad = next(i for i, r in enumerate(rows) if len(r) != len(fields))
-    return TraceFormatError(f"events[{bad}] has {len(rows[bad])} values, expected {len(fields)}")
+def _length_error(rows: Sequence[Sequence[Any]], width: int) -> TraceFormatError:
+    bad = next(i for i, r in enumerate(rows) if len(r) != width)
+    return TraceFormatError(f"events[{bad}] has {len(rows[bad])} values, expected {width}")
 
 
 def _table(parts: list[tuple[Any, ...]]) -> list[Any]:
@@ -332,33 +330,34 @@ def _table(parts: list[tuple[Any, ...]]) -> list[Any]:
 
 
 def from_columns(
-    data: Any, fields: Sequence[str], required_tables: Sequence[str], optional_tables: Sequence[str] = ()
-) -> tuple[list[list[Any]], dict[str, Any]]:
-    """The columns of a `to_columns` document in `fields` order, and its tables, after checking the
-    layout: every column a list of `count` values, the tables named. The values, and the indices
-    in the columns that have a table, are the caller's to check (`decode` decodes them)."""
+    data: Any, fields: Sequence[str], required_tables: Sequence[str], optional_tables: Sequence[str] = (),
+    optional: Sequence[str] = ()) -> tuple[list[Optional[list[Any]]], dict[str, Any]]:  # fmt: skip
+    """The columns of a `to_columns` document in `fields` order (None for a column in `optional` that
+    it does not have; the table of one it has is required), and the tables named, after checking the
+    layout: every column a list of `count` values. Other columns and tables are ignored (SPEC §4).
+    The values, and the indices in the columns that have a table, are the caller's to check."""
     if not isinstance(data, dict) or set(data) != {"count", "columns", "tables"}:
         raise TraceFormatError('"events" must be an object with the keys "count", "columns" and "tables"')
     count, columns, tables = data["count"], data["columns"], data["tables"]
     if type(count) is not int or count < 0:
         raise TraceFormatError(f'"events"."count" must be a non-negative integer, got {short(count)}')
-    if not isinstance(columns, dict) or set(columns) != set(fields):
+    required = [f for f in fields if f not in optional]
+    if not isinstance(columns, dict) or not set(required) <= set(columns):
         got = sorted(columns) if isinstance(columns, dict) else type(columns).__name__
         raise TraceFormatError(
-            f'"events"."columns" must have exactly the columns {", ".join(fields)}; got {short(got)}'
+            f'"events"."columns" must have the columns {", ".join(required)}; got {short(got)}'
         )
-    if not isinstance(tables, dict) or not set(required_tables) <= set(tables) <= {
-        *required_tables,
-        *optional_tables,
-    }:
-        raise TraceFormatError(f'"events"."tables" must have the tables {", ".join(required_tables)}')
+    wanted = [*required_tables, *(t for t in optional_tables if t in optional and t in columns)]
+    if not isinstance(tables, dict) or not set(wanted) <= set(tables):
+        raise TraceFormatError(f'"events"."tables" must have the tables {", ".join(wanted)}')
+    tables = {name: tables[name] for name in (*required_tables, *optional_tables) if name in tables}
     for name, table in tables.items():
         if not isinstance(table, list):
             raise TraceFormatError(f'events table "{name}" must be a list')
-    out = []
+    out: list[Optional[list[Any]]] = []
     for name in fields:
-        column = columns[name]
-        if not isinstance(column, list) or len(column) != count:
+        column = columns.get(name)
+        if (name in columns or name in required) and (not isinstance(column, list) or len(column) != count):
             raise TraceFormatError(f'events column "{name}" must be a list of {count} values')
         out.append(column)
     return out, tables

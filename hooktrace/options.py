@@ -65,6 +65,11 @@ FLAGS: dict[str, Flag] = {
         "parameters, PyTorch's default settings (lr 0.001).",
         "NAME",
     ),
+    "shapes": Flag(
+        ("--shapes",),
+        "Also record the shapes, dtypes and devices of the tensors each hook received and returned "
+        "(tree, HTML details, JSON); off by default.",
+    ),
     "timeout": Flag(
         ("--timeout",),
         "With --nproc: seconds a rank may outlive another rank, or go without progress, before it "
@@ -112,6 +117,7 @@ class RunOptions:
     steps: int = 1
     optimizer: Optional[str] = None
     timeout: Optional[float] = None  # --nproc only; None: the launcher's default
+    shapes: bool = False  # record what each hook received and returned (capture/shapes.py)
 
     def __post_init__(self) -> None:  # a list (from JSON) is kept as a tuple: options stay hashable
         object.__setattr__(self, "input_shapes", tuple(self.input_shapes))

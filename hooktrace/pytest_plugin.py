@@ -72,12 +72,14 @@ class HookOrder:
         return self.folder / (f"{self.name}.txt" if block == 1 else f"{self.name}.{block}.txt")
 
     @contextlib.contextmanager
-    def __call__(self, model: Optional[Any] = None) -> Iterator[TraceSession]:
+    def __call__(self, model: Optional[Any] = None, *, shapes: bool = False) -> Iterator[TraceSession]:
+        """`shapes=True`: the session's events also carry what each hook received and returned (the
+        snapshot, in the order format, never holds them)."""
         import hooktrace
 
         self._blocks += 1
         path = self.snapshot_path(self._blocks)
-        with hooktrace.trace(model) as session:
+        with hooktrace.trace(model, shapes=shapes) as session:
             yield session
         self.check(session.trace, path)  # not reached when the block raised: that error is the test's
 

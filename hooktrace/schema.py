@@ -9,6 +9,7 @@ column layout of version 2) are `io`'s. This module imports only `io` and `kinds
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from dataclasses import dataclass, field, fields
 from typing import IO, Any, Iterable, Iterator, NamedTuple, Optional
@@ -62,9 +63,15 @@ class Event(NamedTuple):
     duration_ns: int
     returned: bool
     error: Optional[str]
+    # what the hook received and returned (traced with --shapes), e.g. `(f32[8,16] cpu,) -> f32[8,4] cpu`
+    shapes: Optional[str] = None
 
 
 EVENT_FIELDS = Event._fields
+# The columns every version 2 file has; `shapes` is written only when an event has one.
+REQUIRED_FIELDS = EVENT_FIELDS[:-1]
+OPTIONAL_INDEXED = ("shapes",)  # optional columns that hold indices into a table of the same name
+_shapes_of = operator.itemgetter(-1)  # an event of another length is refused by io, whatever this says
 
 
 @dataclass
@@ -168,8 +175,15 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         """The version 2 document of SPEC §4 (events as columns)."""
         with gc_paused():
-            events = to_columns(self.events, EVENT_FIELDS, INDEXED)
+            events = to_columns(self.events, *self._columns())
             return {**self._head(), "events": events, "surprises": self._surprises()}
+
+    def _columns(self) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+        """The event columns to write (`shapes` only when traced), those that index a table, and how
+        many values an event has."""
+        if any(map(_shapes_of, self.events)):
+            return EVENT_FIELDS, INDEXED + OPTIONAL_INDEXED, len(EVENT_FIELDS)
+        return REQUIRED_FIELDS, INDEXED, len(EVENT_FIELDS)
 
     def _head(self) -> dict[str, Any]:
         meta, modules = _record(self.meta), [_record(m) for m in self.modules]
@@ -185,7 +199,7 @@ class Trace:
     def _json_chunks(self) -> list[bytes]:
         """The bytes of `dumps(self.to_dict())` and a newline, in chunks (io.columns_json)."""
         with gc_paused():
-            events = columns_json(self.events, EVENT_FIELDS, INDEXED)
+            events = columns_json(self.events, *self._columns())
             head = dumps(self._head())[:-1]  # without its closing brace
             return [head, b',"events":', *events, b',"surprises":', dumps(self._surprises()), b"}\n"]
 

@@ -30,8 +30,10 @@ from .schema import (
     EVENT_FIELDS,
     FORMAT,
     INDEXED,
+    OPTIONAL_INDEXED,
     PREPEND_SOURCES,
     READS,
+    REQUIRED_FIELDS,
     SURPRISE_LEVELS,
     Event,
     Hook,
@@ -119,10 +121,11 @@ _COLUMN_TYPES = {  # the Python types each event column may hold
     "duration_ns": _INT,
     "returned": {bool},
     "error": {str, _OR_NULL},
+    "shapes": {str, _OR_NULL},
 }
 _COLUMN_VALUES = {"type": set(EVENT_TYPES), "phase": set(PHASES), "kind": {*KINDS, None}}
-_NULLABLE_INDICES = ("module", "kind")  # not a kind: version 2 indexed columns where null stays null
-_event_fields = operator.itemgetter(*EVENT_FIELDS)
+_NULLABLE_INDICES = ("module", "kind", "shapes")  # not a kind: indexed columns where null stays null
+_event_fields = operator.itemgetter(*REQUIRED_FIELDS)  # version 1: no `shapes`
 
 
 def _check_values(name: str, values: list[Any], parsed: bool = False) -> None:
@@ -148,22 +151,23 @@ def _v1_events(items: list[Any], hook_ids: set[int], parsed: bool) -> tuple[list
     """Events of version 1 (one object of exactly the twelve fields each), checked; and their seqs."""
     if not items:
         return [], ()
-    if set(map(type, items)) == {dict} and set(map(len, items)) == {len(EVENT_FIELDS)}:
+    if set(map(type, items)) == {dict} and set(map(len, items)) == {len(REQUIRED_FIELDS)}:
         try:
             columns = [list(c) for c in zip(*map(_event_fields, items))]
         except KeyError:
             pass
         else:
-            for name, column in zip(EVENT_FIELDS, columns):
+            for name, column in zip(REQUIRED_FIELDS, columns):
                 _check_values(name, column, parsed)
+            columns.append([None] * len(items))  # shapes
             by_name = dict(zip(EVENT_FIELDS, columns))
             _check_hook_events(list(map(operator.eq, by_name["type"], repeat(HOOK))), by_name, False)
             return _events(columns, by_name, hook_ids)
     for i, e in enumerate(items):  # explain the first bad one
         if not isinstance(e, dict):
             raise TraceFormatError(f"events[{i}] must be an object, got {short(e)}")
-        missing = [f for f in EVENT_FIELDS if f not in e]
-        unknown = [short(k) for k in e if k not in EVENT_FIELDS][:5]
+        missing = [f for f in REQUIRED_FIELDS if f not in e]
+        unknown = [short(k) for k in e if k not in REQUIRED_FIELDS][:5]
         problems = [f"missing {', '.join(missing)}"] * bool(missing) + [
             f"unknown {', '.join(unknown)}"
         ] * bool(unknown)
@@ -176,8 +180,10 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
     """Events of version 2, checked: the tables' values, the columns' types, every index inside its
     table (decoded as the events are built, no decoded column is kept); and their seqs."""
     columns, tables = from_columns(
-        data, EVENT_FIELDS, required_tables=INDEXED[:4], optional_tables=INDEXED[4:]
+        data, EVENT_FIELDS, INDEXED[:4], INDEXED[4:] + OPTIONAL_INDEXED, optional=OPTIONAL_INDEXED
     )
+    if columns[-1] is None:  # no `shapes` column (traced without --shapes): null for every event
+        columns[-1] = [None] * len(columns[0])  # type: ignore[arg-type]
     for name, table in tables.items():
         if None in table:  # null stays null in the column itself
             raise TraceFormatError(f'events table "{name}" holds null; a null value is null in its column')
@@ -197,6 +203,10 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
             )
     if HOOK in tables["type"]:
         _check_hook_events(selector(by_name["type"], tables["type"].index(HOOK)), by_name, True)
+    if "shapes" in tables:
+        hook = tables["type"].index(HOOK) if HOOK in tables["type"] else None
+        if any(s is not None and t != hook for t, s in zip(by_name["type"], by_name["shapes"])):
+            raise TraceFormatError('events: a "shapes" value on an event that is not a hook call')
     try:
         decoded = [decode(c, tables[n]) if n in tables else c for n, c in by_name.items()]
     except KeyError:

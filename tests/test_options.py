@@ -22,6 +22,7 @@ EVERYTHING = RunOptions(
     steps=3,
     optimizer="adamw",
     timeout=2.5,
+    shapes=True,
 )
 
 

@@ -45,6 +45,7 @@ class Pending:
     step_starts: list[int]
     compiled: list[int] = dataclasses.field(default_factory=list)  # Recorder.compiled
     deleted: set[int] = dataclasses.field(default_factory=set)  # hooks code took out of their dict
+    shapes: Optional[list[tuple]] = None  # Recorder.shapes: (seq, received, returned) with --shapes
 
 
 def build_trace(pending: Pending) -> Trace:
@@ -154,17 +155,34 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
     }
     raw: list[tuple] = []
     append = raw.append
+    described = {seq: shapes_text(got, gave) for seq, got, gave in pending.shapes or ()}
+    shapes_of = described.get if described else _none
     for seq, hid, tid, t0, t1, outcome, module_id in islice(pending.hook_calls, pending.n_hook_calls):
         kind, phase, tensor_module = info[hid]
         path = paths.get(module_id) if module_id is not None else tensor_module
         error = outcome if outcome.__class__ is str else None
-        append((seq, HOOK, phase, path, hid, kind, tid, t0 - start, t1 - t0, outcome is True, error))
+        append(
+            (
+                seq,
+                HOOK,
+                phase,
+                path,
+                hid,
+                kind,
+                tid,
+                t0 - start,
+                t1 - t0,
+                outcome is True,
+                error,
+                shapes_of(seq),
+            )
+        )
     for enter, leave, phase, module_id, tid, t0, t1, error in islice(
         pending.module_calls, pending.n_module_calls
     ):
         path = paths.get(module_id)
-        append((enter, ENTER, phase, path, None, None, tid, t0 - start, t1 - t0, False, None))
-        append((leave, EXIT, phase, path, None, None, tid, t1 - start, 0, False, error))
+        append((enter, ENTER, phase, path, None, None, tid, t0 - start, t1 - t0, False, None, None))
+        append((leave, EXIT, phase, path, None, None, tid, t1 - start, 0, False, error, None))
     raw.sort(key=itemgetter(0))
 
     starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
@@ -176,7 +194,7 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
     new = tuple.__new__  # Event's fields in order, without NamedTuple's Python-level __new__
     events: list[Event] = []
     add = events.append
-    for i, (seq, type_, phase, path, hid, kind, tid, t, duration, returned, error) in enumerate(raw):
+    for i, (seq, type_, phase, path, hid, kind, tid, t, duration, returned, error, shapes) in enumerate(raw):
         while seq >= starts[step]:
             step += 1
         if type_ == HOOK:
@@ -191,8 +209,17 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
             stack = open_calls.get(tid)
             if stack:
                 stack.pop()
-        add(new(Event, (i, step, type_, phase, path, hid, kind, tid, t, duration, returned, error)))
+        add(new(Event, (i, step, type_, phase, path, hid, kind, tid, t, duration, returned, error, shapes)))
     return events
+
+
+def _none(_seq: int) -> None:
+    return None
+
+
+def shapes_text(received: str, returned: Optional[str]) -> str:
+    """The `shapes` text of one hook call: what it received, then ` -> ` what it returned, if anything."""
+    return received if returned is None else f"{received} -> {returned}"
 
 
 def ordered(records: dict[int, Record], order: list[int]) -> list[Record]:

@@ -61,11 +61,13 @@ class TraceSession:
         target: Optional[str] = None,
         analyse: Optional[Callable[..., list[Surprise]]] = None,
         describe: Optional[Callable[[Trace], str]] = None,
+        shapes: bool = False,
     ) -> None:
         """`analyse(trace, deleted=ids)`: surprises to add to the capture's own when the trace is built
         (ids: hooks their own code took out of their dict); `describe(trace)`: the counts the
         session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
-        `analysis.counts.summary`: the capture analyses nothing."""
+        `analysis.counts.summary`: the capture analyses nothing. `shapes`: record what each hook
+        received and returned (capture/shapes.py; `--shapes`)."""
         self._model = model
         self._analyse = analyse
         self._describe = describe
@@ -74,7 +76,8 @@ class TraceSession:
         self._meta_overrides: dict[str, Any] = {}
         self._trace: Optional[Trace] = None
         self._pending: Optional[build.Pending] = None  # what the trace is built from, at first use
-        self._rec = shims.Recorder()
+        self.shapes = shapes
+        self._rec = shims.Recorder(shapes)
         self._paths: dict[int, str] = {}
         self._book = HookBook(self._rec, self._path_of)
         self._run_codes: set[Any] = set()
@@ -453,7 +456,7 @@ class TraceSession:
             r.module, r.tensor = hook_place(r.scope, r.owner, tensor, r.tensor_desc, paths, final.params)
             r.owner = r.tensor_ref = r.tensor_desc = None
         meta = self._meta
-        meta.torch = torch.__version__
+        meta.torch = str(torch.__version__)  # not TorchVersion: the trace holds plain values
         meta.python = platform.python_version()
         meta.steps = self._rec.steps
         meta.device = build.device_of(self._roots[0] if self._roots else None)
@@ -471,6 +474,7 @@ class TraceSession:
             step_starts=rec.step_starts,
             compiled=rec.compiled,
             deleted=final.deleted,
+            shapes=rec.shapes,
         )
 
     def _release(self) -> None:
@@ -479,7 +483,7 @@ class TraceSession:
         self._namer.clear()
         self._paths.clear()
         self._rec.modules.clear()  # ids are resolved: a wrapper some class kept holds no module
-        self._rec = shims.Recorder()  # the old one's record lists now belong to the pending trace
+        self._rec = shims.Recorder(self.shapes)  # the old one's record lists now belong to the pending trace
         self._module_call = None
         self._book = HookBook(self._rec, self._path_of)
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)

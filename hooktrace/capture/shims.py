@@ -40,7 +40,10 @@ import torch
 
 from .. import kinds
 from ..kinds import FORWARD, OPTIMIZER_PHASE, RECOMPUTE
+from . import shapes as describe
 from .ranges import ranged
+from .returned import RETURN_IGNORED as RETURN_IGNORED  # noqa: F401 - where tests import it from
+from .returned import SAME, _ignored, _same_first
 from .views import _is_compiling
 
 # Keys of objects given one after another object with the same id died: above every id.
@@ -75,7 +78,7 @@ def factory(fn, hook_id, module_id, from_args, same, kind):
     def hooktrace_shim({params}):
         seq = next(counter)
         call = ranged(fn, kind) if profiler._is_profiler_enabled else fn
-        t0 = clock()
+{received}        t0 = clock()
         try:
 {call}
         except BaseException as exc:
@@ -84,13 +87,13 @@ def factory(fn, hook_id, module_id, from_args, same, kind):
             if tid == main:
                 tid = main
             append((seq, hook_id, tid, t0, t1, error_text(exc), {first} if from_args else module_id))
-            raise
+{raised}            raise
         t1 = clock()
         tid = ident()
         if tid == main:
             tid = main
         append((seq, hook_id, tid, t0, t1, result is not None and not same(result, {given}), {first} if from_args else module_id))
-        return result
+{returned}        return result
     return hooktrace_shim
 """
 # The shim of a positional kind takes any number of arguments and passes exactly those on; the
@@ -124,28 +127,50 @@ def _compile(source: str, filename: str) -> Any:
     return compile(source, filename, "exec")
 
 
+# With `--shapes` (Recorder(shapes=True)) the shims are compiled with three more lines: what the hook
+# received, described before its clock starts, and what it returned, after the clock stops; one
+# (seq, received, returned) tuple per call goes to `Recorder.shapes` (capture/shapes.py describes).
+# Without it, the shims are the same code as ever: no test per call.
+_SHAPES_LINES = {
+    "received": "        received = describe_call(kind, {args})\n",
+    "raised": "            note((seq, received, None))\n",
+    "returned": "        note((seq, received, describe_returned(result)))\n",
+}
+
+
+def _variants(name: str, **parts: str) -> dict[bool, Any]:
+    """The shim code without and with the shapes lines (`args`: how the received arguments are read)."""
+    args = parts.pop("args")
+    lines = {key: line.format(args=args) for key, line in _SHAPES_LINES.items()}
+    return {
+        shapes: _compile(
+            _SHIM_SOURCE.format(**parts, **(lines if shapes else dict.fromkeys(lines, ""))),
+            f"<hooktrace-shim{'-shapes' if shapes else ''}{name}>",
+        )
+        for shapes in (False, True)
+    }
+
+
 _POSITIONAL_CODES = {
-    n: _compile(
-        _SHIM_SOURCE.format(
-            params="a, b=_N, c=_N, d=_N, *more",
-            call=_POSITIONAL_CALL.format(usual=test, usual_args=args),
-            first="(module_ids.get(i := id(a)) or i)",
-            given="a, b, c, d",
-        ),
-        f"<hooktrace-shim-{n}>",
+    n: _variants(
+        f"-{n}",
+        params="a, b=_N, c=_N, d=_N, *more",
+        call=_POSITIONAL_CALL.format(usual=test, usual_args=args),
+        first="(module_ids.get(i := id(a)) or i)",
+        given="a, b, c, d",
+        args="(a, b, c, d, *more)",
     )
     for n, (test, args) in _USUAL.items()
 }
-_GENERIC_CODE = _compile(
-    _SHIM_SOURCE.format(
-        params="*args, **kwargs",
-        call=_GENERIC_CALL,
-        first="((module_ids.get(i := id(args[0])) or i) if args else None)",
-        given="*args",
-    ),
-    "<hooktrace-shim>",
+_GENERIC_CODE = _variants(
+    "",
+    params="*args, **kwargs",
+    call=_GENERIC_CALL,
+    first="((module_ids.get(i := id(args[0])) or i) if args else None)",
+    given="*args",
+    args="args, kwargs",
 )
-_MISSING = object()
+_MISSING = describe.NOT_GIVEN
 
 
 class Recorder:
@@ -153,6 +178,7 @@ class Recorder:
 
     __slots__ = (
         "hooks",
+        "shapes",
         "calls",
         "compiled",
         "modules",
@@ -165,8 +191,10 @@ class Recorder:
         "_factories",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, shapes: bool = False) -> None:
         self.hooks: list[tuple] = []
+        # (seq, received, returned or None) per hook call, with shapes=True (capture/shapes.py)
+        self.shapes: Optional[list[tuple]] = [] if shapes else None
         self.calls: list[tuple] = []
         self.compiled: list[int] = []  # enter seqs of module calls that ran compiled (torch.compile)
         self.modules: list[Any] = []  # a weak reference to every object given a key (or the object)
@@ -189,9 +217,13 @@ class Recorder:
             "_N": _MISSING,
             "profiler": torch.autograd.profiler,
             "ranged": ranged,
+            "note": self.shapes.append if shapes else None,
+            "describe_call": describe.call,
+            "describe_returned": describe.returned,
         }
         self._factories: dict[Optional[int], Callable[..., Any]] = {}  # by arity; None: generic
-        for arity, code in (*_POSITIONAL_CODES.items(), (None, _GENERIC_CODE)):
+        for arity, codes in (*_POSITIONAL_CODES.items(), (None, _GENERIC_CODE)):
+            code = codes[shapes]
             namespace = dict(shared)
             exec(code, namespace)  # noqa: S102 - defines `factory` over this capture's shared state
             self._factories[arity] = namespace["factory"]
@@ -244,91 +276,6 @@ class Recorder:
         return len(self.step_starts) + 1
 
 
-# `returned` (SPEC §4): the hook returned something PyTorch uses in place of what it passed, which is
-# not the case when it hands back the very object it was given. One test per kind, on that object.
-def _given(args: tuple) -> list:
-    return [a for a in args if a is not _MISSING]
-
-
-def _same_items(result: Any, given: Any) -> bool:
-    if result is given:
-        return True
-    return (
-        isinstance(result, tuple)
-        and isinstance(given, tuple)
-        and len(result) == len(given)
-        and all(r is g for r, g in zip(result, given))
-    )
-
-
-def _same_first(result: Any, *args: Any) -> bool:  # grad, node and saved-tensor hooks
-    return _same_items(result, args[0])
-
-
-def _same_second(result: Any, *args: Any) -> bool:  # backward hooks: grad_input / grad_output
-    return _same_items(result, args[1]) if len(_given(args)) > 1 else False
-
-
-def _same_last(result: Any, *args: Any) -> bool:  # forward hooks: the output
-    return _same_items(result, _given(args)[-1])
-
-
-def _same_pre(result: Any, *args: Any) -> bool:  # forward pre-hooks: args, or (args, kwargs)
-    given = _given(args)
-    if len(given) >= 3:  # with_kwargs: (module, args, kwargs) -> (args, kwargs)
-        return (
-            isinstance(result, tuple) and len(result) == 2 and result[0] is given[1] and result[1] is given[2]
-        )
-    if len(given) < 2:
-        return False
-    inputs = given[1]
-    if not isinstance(result, tuple):  # PyTorch wraps a single value: (result,)
-        return isinstance(inputs, tuple) and len(inputs) == 1 and inputs[0] is result
-    return _same_items(result, inputs)
-
-
-def _same_third(result: Any, *args: Any) -> bool:  # registration hooks: (module, name, value) -> value
-    given = _given(args)
-    return len(given) > 2 and result is given[2]
-
-
-def _ignored(result: Any, *args: Any) -> bool:  # PyTorch does not use what these return
-    return True
-
-
-SAME = {
-    "forward_pre": _same_pre,
-    "forward": _same_last,
-    "backward_pre": _same_second,
-    "backward": _same_second,
-    "backward_legacy": _same_second,
-    "grad": _same_first,
-    "post_accumulate_grad": _ignored,
-    "state_dict_pre": _ignored,
-    "state_dict": _same_second,
-    "load_state_dict_pre": _ignored,
-    "load_state_dict_post": _ignored,
-    "module_registration": _same_third,
-    "parameter_registration": _same_third,
-    "buffer_registration": _same_third,
-    "node_pre": _same_first,  # grad_outputs -> replaced grad_outputs
-    "node": _same_first,  # PyTorch uses what a post hook returns in place of grad_inputs
-    # pack's result is what autograd stores, unpack's what it restores: their purpose, not a value that
-    # replaced what other hooks see (no `replaced-value` for them)
-    "pack": _ignored,
-    "unpack": _ignored,
-    "comm": _ignored,  # the future is the hook's result, not a replacement
-    "forward_wrapper": _ignored,  # the forward's output, not a replacement
-    "optimizer_step_pre": _same_pre,  # (args, kwargs) -> (args, kwargs)
-    "optimizer_step_post": _ignored,
-    "optimizer_state_dict_pre": _ignored,
-    "optimizer_state_dict": _same_second,
-    "optimizer_load_state_dict_pre": _same_second,
-    "optimizer_load_state_dict_post": _ignored,
-}
-RETURN_IGNORED = frozenset(kind for kind, same in SAME.items() if same is _ignored)
-
-
 def make_shim(
     rec: Recorder, fn: Callable[..., Any], hook_id: int, kind: str, module: Any, module_from_args: bool
 ) -> Callable[..., Any]:
@@ -349,7 +296,9 @@ def make_shim(
 
 
 SHIM_CODES = frozenset(
-    factory(None, -1, None, False, _ignored, "").__code__ for factory in Recorder()._factories.values()
+    factory(None, -1, None, False, _ignored, "").__code__
+    for shapes in (False, True)
+    for factory in Recorder(shapes)._factories.values()
 )
 
 

@@ -68,6 +68,22 @@ def _pack(segments: list[tuple[str, Text]], avail: int) -> Text:
     return Text("\n").join(lines)
 
 
+def shapes_segments(shapes: str) -> list[tuple[str, Text]]:
+    """`--shapes` text in segments that `_pack` wraps: one per top-level argument, then `-> returned`."""
+    received, arrow, returned = safe_text(shapes).partition(" -> ")
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(received):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0 and received.startswith(", ", i):
+            parts.append(received[start : i + 1])
+            start = i + 2
+    parts.append(received[start:])
+    if arrow:
+        parts.append(f"-> {returned}")
+    return [(" " if i else "", Text((CONT if i == 0 else "") + p, style="cyan")) for i, p in enumerate(parts)]
+
+
 def _fit_path(path: str, avail: int) -> str:
     """`path` (`file:line`), its middle folders cut (`torch/…/checkpoint_activation.py:114`) when
     it would not fit in `avail` columns on a line of its own."""
@@ -118,7 +134,11 @@ class _Drawer:
             segs.append(("  ", Text(where, style="dim")))
         if e.error is not None:
             segs.append(("  ", Text(f"error: {short_error(e.error)}", style="red")))
-        return _pack(segs, self.width - col)
+        line = _pack(segs, self.width - col)
+        if e.shapes is not None:  # on a line of its own, under the hook: what it received and returned
+            line.append("\n")
+            line.append_text(_pack(shapes_segments(e.shapes), self.width - col))
+        return line
 
     def saved_line(self, s: SavedTensors, col: int) -> Text:
         counts = ", ".join(f"{n} {k}" for k, n in s.counts().items())

@@ -103,7 +103,7 @@ def run(
     stopped: Optional[int] = None
     progress = _Progress()
     with factory.on_sys_path(), StopSignals(stop_signals) as signals:
-        with TraceSession(target=factory.spec, analyse=find_surprises) as t:
+        with TraceSession(target=factory.spec, analyse=find_surprises, shapes=options.shapes) as t:
             signals.armed = True
             try:
                 target = coerce_result(_call_factory(factory), factory.label)

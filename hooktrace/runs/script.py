@@ -40,6 +40,7 @@ class ExecOptions:
     steps: int = 1
     step_on: str = "optimizer"  # not a kind
     keep_running: bool = False
+    shapes: bool = False  # record what each hook received and returned (`--shapes`)
 
     def check(self) -> ExecOptions:
         if self.start < 0:
@@ -173,7 +174,9 @@ class _Window:
         from ..capture.session import TraceSession
 
         self.registrations.pause()  # the capture sees registrations itself now
-        session = TraceSession(None, target=self.script.label, analyse=find_surprises)
+        session = TraceSession(
+            None, target=self.script.label, analyse=find_surprises, shapes=self.options.shapes
+        )
         session.known_sites(dict(self.registrations.sites))
         session.__enter__()
         self.session = session
