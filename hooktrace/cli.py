@@ -32,6 +32,7 @@ from .outputs import emit_page as _emit
 from .outputs import is_html as _is_html
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
+from .outputs import text_or_html as _text_or_html
 from .render import RENDERERS
 
 if TYPE_CHECKING:
@@ -80,6 +81,9 @@ FORMAT_OPT = typer.Option(
     "-f",
     metavar="FORMAT",
     help="tree|json|dot|svg|chrome|order|html; default: from the -o extension, else tree.",
+)
+PAGE_FORMAT_OPT = typer.Option(
+    None, "--format", "-f", metavar="FORMAT", help="text (default) or html: one page, differences marked."
 )
 OUTPUT_OPT = typer.Option(
     None, "--output", "-o", metavar="PATH", help="Write to this file instead of the terminal."
@@ -168,7 +172,8 @@ def _run_ranks(
 
         traces = {o.rank: o.trace for o in ranks.ranks if o.trace is not None}
         if traces:
-            _emit(ranks_html(traces), output, f"html: {len(traces)} ranks")
+            page = ranks_html(traces, missing=[o.rank for o in ranks.ranks if o.trace is None])
+            _emit(page, output, f"html: {len(traces)} ranks")
     elif ranks.shown is not None and not quiet:
         _output(ranks.shown, fmt, None, view)
     if quiet:  # -q: the ranks' summary only when they failed or diverged
@@ -350,25 +355,13 @@ def diff(
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="Print only the differences (nothing when equal)."
     ),
-    format: Optional[str] = typer.Option(
-        None,
-        "--format",
-        "-f",
-        metavar="FORMAT",
-        help="text (default) or html: both sides, differences marked.",
-    ),
+    format: Optional[str] = PAGE_FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Ordering differences between two saved traces or order files; exit 1 when they differ."""
     try:
-        if format is not None and format not in ("text", "html"):
-            raise UsageError(f"unknown --format {format!r} for diff; use text or html")
-        html = _is_html(format, output)
-        if output is not None and not html:
-            raise UsageError(
-                f"diff writes html only (-f html or -o {output.stem}.html); text goes to the terminal"
-            )
+        html = _text_or_html(format, output, "diff")
         first, second = load_side_file(a), load_side_file(b)
         if html:
             from .render.html import diff_html
@@ -445,16 +438,25 @@ def exec_(
 @app.command()
 def ranks(
     files: List[Path] = typer.Argument(..., metavar="TRACE.rank0.json ...", help="One trace per rank."),
+    format: Optional[str] = PAGE_FORMAT_OPT,
+    output: Optional[Path] = OUTPUT_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Do the ranks' hook orders agree? Per-rank traces from any nodes (exec under torchrun, run --nproc)."""
-    from .script_commands import ranks_summary
+    from .script_commands import ranks_page, ranks_summary
 
     try:
-        text, code = ranks_summary([(path, load_trace_file(path)) for path in files])
+        html = _text_or_html(format, output, "ranks")
+        traces = [(path, load_trace_file(path)) for path in files]
+        text, code = ranks_summary(traces)
+        if html:
+            _emit(ranks_page(traces), output, f"html: {len(traces)} ranks, the first divergence marked")
     except UsageError as exc:
         _fail(exc, traceback)
-    print(text)
+    if html and output is None:  # stdout holds the page
+        _stderr(text)
+    else:
+        print(_safe(text))
     raise typer.Exit(code)
 
 

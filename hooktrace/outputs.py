@@ -112,6 +112,19 @@ def is_html(fmt: Optional[str], output: Optional[Path]) -> bool:
     return output is not None and output.suffix.lower() in (".html", ".htm")
 
 
+def text_or_html(fmt: Optional[str], output: Optional[Path], command: str) -> bool:
+    """For `diff` and `ranks`, which print text or write a page: whether the page is asked for.
+    UsageError for another format, or for `-o` with a name that is not a page's."""
+    if fmt is not None and fmt not in ("text", "html"):
+        raise UsageError(f"unknown --format {fmt!r} for {command}; use text or html")
+    html = is_html(fmt, output)
+    if output is not None and not html:
+        raise UsageError(
+            f"{command} writes html only (-f html or -o {output.stem}.html); text goes to the terminal"
+        )
+    return html
+
+
 def emit_page(page: str, output: Optional[Path], what: str) -> None:
     """A page made from several traces: to `output` (atomically), else to stdout."""
     if output is None:

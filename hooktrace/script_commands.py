@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .options import VIEW_FLAGS, UsageError
+from .outputs import emit_page as _emit
+from .outputs import is_html
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
 from .outputs import write as _write
@@ -64,7 +66,12 @@ def run_exec(
         else:  # under torchrun: every rank writes its file, only rank 0 shows the trace
             if output is not None:
                 _write(trace, Path(rank_trace_path(str(output), rank)), None)
-            if rank == 0:
+            if rank == 0 and output is not None and is_html(fmt, output):  # a page needs every rank's file
+                files = rank_trace_path(str(output), "*")
+                _stderr(
+                    f"note: each rank writes {files}; every rank in one page: hooktrace ranks {files} -o {output}"
+                )
+            elif rank == 0:
                 _output(trace, fmt, None, view)
         if rank in (None, 0):
             for note in result.notes:
@@ -103,14 +110,24 @@ def run_exec_ranks(
     """`exec --nproc N`: the ranks through torchrun (rank 0 shows its trace), then their agreement."""
     from .ranks.script import exec_ranks
 
+    html = is_html(fmt, output)  # one page of every rank, made here once the ranks have written
     rank_args = ["-s", str(options.start), f"--steps={options.steps}", f"--step-on={options.step_on}"]
     rank_args += ["--keep-running"] if options.keep_running else []
     rank_args += ["--shapes"] if options.shapes else []
-    rank_args += [f"--format={fmt}"] if fmt is not None else []
+    rank_args += [f"--format={fmt}"] if fmt is not None and not html else []
     rank_args += [f"{VIEW_FLAGS[k]}={v}" if v is not True else VIEW_FLAGS[k] for k, v in view.items()]
     script = (["-m"] if as_module else []) + list(script)
+    # the ranks write PATH.rank{r}.json whatever the extension; `.json` tells them no page is theirs
+    rank_out = output.with_suffix(".json") if html and output is not None and output.suffix else output
 
-    result, launcher = exec_ranks(nproc, rank_args, script, str(output) if output is not None else None)
+    result, launcher = exec_ranks(nproc, rank_args, script, str(rank_out) if rank_out is not None else None)
+    traces = {o.rank: o.trace for o in result.ranks if o.trace is not None}
+    if html and traces:
+        from .render.html import ranks_html
+
+        names = {o.rank: o.trace_path for o in result.ranks if o.trace_path is not None}
+        missing = [o.rank for o in result.ranks if o.trace is None]
+        _emit(ranks_html(traces, names, missing), output, f"html: {len(traces)} ranks")
     _stderr(result.summary())
     code = result.exit_code
     if code == 0 and launcher != 0:
@@ -118,20 +135,32 @@ def run_exec_ranks(
     return code
 
 
-def ranks_summary(traces: list[tuple[Path, Trace]]) -> tuple[str, int]:
-    """`hooktrace ranks`: run --nproc's agreement summary of (file, trace) pairs, and its exit code.
-    A trace says its rank (`meta.rank`; else its position); two of one rank are a UsageError."""
+def _by_rank(traces: list[tuple[Path, Trace]]) -> dict[int, tuple[Path, Trace]]:
+    """(file, trace) pairs by rank: a trace says its rank (`meta.rank`; else its position); two of one
+    rank are a UsageError."""
     by_rank: dict[int, tuple[Path, Trace]] = {}
     for i, (path, trace) in enumerate(traces):
         rank = trace.meta.rank if trace.meta.rank is not None else i
         if rank in by_rank:
             raise UsageError(f"{by_rank[rank][0]} and {path} are both rank {rank}; give one file per rank")
         by_rank[rank] = (path, trace)
+    return by_rank
+
+
+def _missing(by_rank: dict[int, tuple[Path, Trace]]) -> tuple[int, list[int]]:
+    """The world size the traces state (else how many there are), and the ranks with no trace."""
+    worlds = {t.meta.world_size for _, t in by_rank.values() if t.meta.world_size is not None}
+    nproc = worlds.pop() if len(worlds) == 1 else len(by_rank)
+    return nproc, sorted(set(range(nproc)) - set(by_rank))
+
+
+def ranks_summary(traces: list[tuple[Path, Trace]]) -> tuple[str, int]:
+    """`hooktrace ranks`: run --nproc's agreement summary of (file, trace) pairs, and its exit code."""
+    by_rank = _by_rank(traces)
     from .analysis.ranks import compare_ranks
     from .ranks.result import OK, RankOutcome, RanksResult
 
-    worlds = {t.meta.world_size for _, t in by_rank.values() if t.meta.world_size is not None}
-    nproc = worlds.pop() if len(worlds) == 1 else len(by_rank)
+    nproc, missing = _missing(by_rank)
     outcomes = [
         RankOutcome(rank, OK, trace_path=str(path), trace=trace)
         for rank, (path, trace) in sorted(by_rank.items())
@@ -143,7 +172,20 @@ def ranks_summary(traces: list[tuple[Path, Trace]]) -> tuple[str, int]:
         comparisons=compare_ranks({rank: trace for rank, (_, trace) in by_rank.items()}),
     )
     text = result.summary()
-    missing = sorted(set(range(nproc)) - set(by_rank))
     if missing:
         text += f"\nmissing: no trace given for rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
     return text, result.exit_code
+
+
+def ranks_page(traces: list[tuple[Path, Trace]]) -> str:
+    """`hooktrace ranks ... -f html`: every rank in one page (a selector, the first divergence marked),
+    each rank's file named beside it, the ranks with no trace listed."""
+    from .render.html import ranks_html
+
+    by_rank = _by_rank(traces)
+    _, missing = _missing(by_rank)
+    return ranks_html(
+        {rank: trace for rank, (_, trace) in by_rank.items()},
+        names={rank: str(path) for rank, (path, _) in by_rank.items()},
+        missing=missing,
+    )

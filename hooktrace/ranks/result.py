@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from ..analysis.counts import count, plural
 from ..analysis.ranks import RankComparison
@@ -36,10 +36,10 @@ _PEER_ERRORS = (
 )
 
 
-def rank_trace_path(out: str, rank: int) -> str:
+def rank_trace_path(out: str, rank: Union[int, str]) -> str:
     """Where rank `rank` writes its trace for `-o out`: the extension becomes `.rank{r}.json`.
 
-    `run.json` -> `run.rank0.json`; another extension is replaced too (`run.svg` -> `run.rank0.json`:
+    `run.json` -> `run.rank0.json` (rank `"*"`: the pattern of them all); another extension is replaced too (`run.svg` -> `run.rank0.json`:
     ranks always write traces); a final `.gz` keeps the compression (`run.json.gz` -> `run.rank0.json.gz`).
     """
     gz = out.lower().endswith(".gz") and len(os.path.basename(out)) > 3

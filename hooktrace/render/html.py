@@ -261,9 +261,12 @@ def diff_html(a: Trace, b: Trace, a_name: str = "A", b_name: str = "B") -> str:
     return page(data, _title(a, "hooktrace diff"))
 
 
-def ranks_html(traces: dict[int, Trace], names: Optional[dict[int, str]] = None) -> str:
+def ranks_html(
+    traces: dict[int, Trace], names: Optional[dict[int, str]] = None, missing: Iterable[int] = ()
+) -> str:
     """`hooktrace ranks ... -f html` (and `run --nproc N -f html`): one view per rank, a selector,
-    each rank's first divergence from the lowest rank marked and described."""
+    each rank's first divergence from the lowest rank marked and described; `names` a note per rank
+    (its file), `missing` the ranks of the world that have no trace."""
     from ..analysis.ranks import compare_ranks
 
     comparisons = compare_ranks(traces)
@@ -288,6 +291,10 @@ def ranks_html(traces: dict[int, Trace], names: Optional[dict[int, str]] = None)
         )
     names = names or {}
     views = [trace_data(traces[r], f"rank {r}", marks[r], names.get(r, "")) for r in sorted(traces)]
-    data = report_data("ranks", views, ranks={"ranks": sorted(traces), "comparisons": described})
+    data = report_data(
+        "ranks",
+        views,
+        ranks={"ranks": sorted(traces), "comparisons": described, "missing": sorted(missing)},
+    )
     first = traces[min(traces)] if traces else Trace()
     return page(data, _title(first, "hooktrace ranks"))

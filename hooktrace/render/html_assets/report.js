@@ -61,6 +61,7 @@
     this.n = n;
     this.seq = c.seq || []; this.step = c.step || []; this.type = table("type"); this.phase = table("phase");
     this.module = table("module"); this.hook = c.hook || []; this.kind = table("kind"); this.thread = c.thread || [];
+    this.threadIdent = t.thread ? table("thread") : this.thread;  // Python's thread ident (a v1 trace's column holds it)
     this.start = c.start_ns || []; this.dur = c.duration_ns || []; this.returned = c.returned || []; this.error = c.error || [];
     this.shapes = table("shapes"); // traced with --shapes: what each hook received and returned
     this.bySeq = new Map();
@@ -161,6 +162,7 @@
     const m = this.m;
     const pane = el("div", "pane");
     const head = el("div", "phead");
+    this.head = head;
     span(head, "plabel", S(m.label));
     if (m.note) span(head, "pnote", S(m.note));
     const nh = m.hookRows[m.nrows];
@@ -607,7 +609,8 @@
     }
     // time axis
     g.fillStyle = "#8a929c"; g.strokeStyle = "rgba(0,0,0,0.06)";
-    const span = this.v1 - this.v0, stepNs = Math.max(niceStep(span / 8), this.mode === "order" ? 1 : 0);
+    // ticks at least ~90 px apart, so their labels never run into each other in a narrow pane
+    const span = this.v1 - this.v0, stepNs = Math.max(niceStep(span / Math.max(2, Math.floor(W / 90))), this.mode === "order" ? 1 : 0);
     if (this.modeButton) this.modeButton.textContent = this.mode === "order" ? "x: order" : "x: time";
     const base = this.mode === "order" ? 0 : this.t0;
     for (let t = Math.ceil((this.v0 - base) / stepNs) * stepNs + base; t < this.v1; t += stepNs) {
@@ -677,7 +680,9 @@
   function App(data, root) {
     this.data = data; this.root = root; this.filter = new Filter();
     this.models = data.views.map((v) => new Model(v));
-    this.current = 0;  // ranks: the rank shown
+    // ranks: the rank shown beside the lowest; the first that diverges, when one does
+    const diverged = ((data.ranks || {}).comparisons || []).find((c) => !c.agree);
+    this.current = diverged ? Math.max(0, data.ranks.ranks.indexOf(diverged.rank)) : 0;
     root.replaceChildren();
     this.header = el("header"); root.appendChild(this.header);
     const body = el("div", "body"); root.appendChild(body);
@@ -686,7 +691,16 @@
     this.footer = el("footer"); root.appendChild(this.footer);
     this.buildHeader();
     this.showPanes();
+    if (window.ResizeObserver) new ResizeObserver(() => this.alignHeads()).observe(this.main);
   }
+  // panes side by side keep their timelines and trees level when a narrow head wraps
+  App.prototype.alignHeads = function () {
+    const heads = (this.panes || []).map((p) => p.head);
+    for (const h of heads) h.style.minHeight = "";
+    if (heads.length < 2) return;
+    const tall = Math.max.apply(null, heads.map((h) => h.offsetHeight));
+    for (const h of heads) h.style.minHeight = tall + "px";
+  };
   App.prototype.buildHeader = function () {
     const d = this.data, m = this.models[0];
     const top = el("div", "top");
@@ -694,7 +708,7 @@
     span(h1, "brand", "hooktrace");
     const what = d.mode === "diff" ? "diff" : d.mode === "ranks" ? "ranks" : "";
     span(h1, "", what ? what + " " : "");
-    span(h1, "", m ? S(m.meta.target || (d.mode === "diff" ? "" : m.label)) : "");
+    span(h1, "", m ? S(m.meta.target || (d.mode === "trace" ? m.label : "")) : "");
     top.appendChild(h1);
     if (m) {
       const meta = m.meta, bits = [];
@@ -761,9 +775,11 @@
     this.panes = idx.map((k) => new Pane(this, this.models[k], this.main));
     if (this.rankButtons) this.rankButtons.forEach((b, k) => b.classList.toggle("on", k === this.current));
     this.buildAside();
+    this.alignHeads();
     if (this.filter.active()) this.applyFilter();
     const m = this.models[idx[0]];
-    this.footer.textContent = m ? "hooktrace report · " + plural(m.hooks.length, "hook") + " · " + plural(m.n, "event") + " · click a row or a mark for details; wheel zooms the timeline, drag pans" : "";
+    const counts = m && idx.length === 1 ? plural(m.hooks.length, "hook") + " · " + plural(m.n, "event") + " · " : "";
+    this.footer.textContent = m ? "hooktrace report · " + counts + "click a row or a mark for details; wheel zooms the timeline, drag pans" : "";
   };
   App.prototype.applyFilter = function () {
     let total = 0, all = 0;
@@ -795,6 +811,7 @@
     s.appendChild(el("h2", "", "ranks"));
     const diverged = r.comparisons.filter((c) => !c.agree);
     s.appendChild(el("div", "banner " + (diverged.length ? "bad" : "good"), diverged.length ? plural(diverged.length, "rank") + " diverge" + (diverged.length === 1 ? "s" : "") + " from rank " + r.ranks[0] + "; the first divergence is marked in red." : "All " + plural(r.ranks.length, "rank") + " agree on the hook order."));
+    if (r.missing && r.missing.length) s.appendChild(el("div", "banner bad", "No trace for " + (r.missing.length === 1 ? "rank " : "ranks ") + r.missing.join(", ") + "."));
     const rank = r.ranks[this.current];
     const mine = r.comparisons.filter((c) => c.rank === rank || (this.current === 0 && !c.agree));
     for (const c of mine) {
@@ -815,7 +832,9 @@
   };
   App.prototype.surpriseSection = function (pane) {
     const m = pane.m, s = el("section");
-    s.appendChild(el("h2", "", "surprises" + (this.panes.length > 1 ? " · " + S(m.label) : "")));
+    const h2 = el("h2", "", "surprises");
+    if (this.panes.length > 1) span(h2, "name", " · " + S(m.label));  // a name: not upper-cased
+    s.appendChild(h2);
     if (!m.surprises.length) { s.appendChild(el("div", "none", "No surprises.")); return s; }
     const warn = m.surprises.filter((x) => (x.level || "warn") !== "info"), info = m.surprises.filter((x) => x.level === "info");
     const add = (host, x) => {
@@ -866,7 +885,8 @@
       }
       if (e >= 0) {
         row("this event", "#" + m.seq[e] + " · step " + m.step[e] + " · " + S(m.phase[e]) + " · for " + modName(m.module[e]));
-        row("thread", String(m.thread[e]));
+        const lane = pane.timeline ? pane.timeline.lanes.findIndex((l) => l.thread === m.thread[e]) + 1 : 0;
+        row("thread", (lane ? "thread " + lane + " of the timeline · " : "") + "ident " + String(m.threadIdent[e]));
         row("duration", fmtNs(m.dur[e] || 0));
         if (m.shapes[e] !== null && m.shapes[e] !== undefined) row("shapes", S(m.shapes[e]), "shapes");
         if (m.returned[e]) row("returned", "yes: its value replaced what PyTorch passed");
