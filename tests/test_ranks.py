@@ -271,7 +271,11 @@ def test_a_signal_to_run_nproc_stops_every_rank_and_writes_the_partial_traces(
     pids = [int(p.read_text()) for p in marks.iterdir()]
     assert len(pids) == nproc, proc.communicate(timeout=60)
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=120)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the launcher did not end within 120 s of its {sig.name}: {proc.communicate()}")
     assert proc.returncode == code, stdout + stderr
     assert not any(_alive(pid) for pid in pids)  # every rank ended with the launcher
     assert _no_run_folders(hanging.parent / "tmp") == []

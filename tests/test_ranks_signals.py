@@ -149,3 +149,37 @@ def test_a_launcher_started_under_nohup_ignores_sighup_and_so_do_its_ranks(tmp_p
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0: ok, 1 hook registered, 1 fired, 1 hook call" in proc.stdout
     assert "interrupted" not in proc.stdout
+
+
+class _SignalledStore:
+    """A launcher store whose read is where the launcher's stop-signal handler happens to raise."""
+
+    def __init__(self, raising: BaseException) -> None:
+        self.raising = raising
+
+    def check(self, keys: list[str]) -> bool:
+        raise self.raising
+
+
+@pytest.mark.parametrize("torchs", [False, True], ids=["ours", "torch_signal_exception"])
+def test_a_stop_signal_that_lands_in_a_store_read_still_stops_the_launch(torchs: bool) -> None:
+    # The launcher polls the ranks' progress in the store ten times a second; a SIGHUP/SIGTERM whose
+    # handler raised inside that read was swallowed as "the store cannot say", and the ranks ran on
+    # (CI: the launcher did not end within 120 s of its SIGHUP).
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from hooktrace.ranks.launch import Interrupted, _Watch
+
+    raised = SignalException("got SIGHUP", signal.SIGHUP) if torchs else Interrupted(signal.SIGHUP)
+    watch = _Watch(nproc=1, timeout=1, join_timeout=1)
+    watch.store = _SignalledStore(raised)
+    with pytest.raises(type(raised)):
+        watch._read("progress/0")
+
+
+def test_a_store_that_cannot_answer_is_no_report() -> None:
+    from hooktrace.ranks.launch import _Watch
+
+    watch = _Watch(nproc=1, timeout=1, join_timeout=1)
+    watch.store = _SignalledStore(RuntimeError("connection reset by peer"))
+    assert watch._read("progress/0") is None

@@ -346,9 +346,15 @@ class _Watch:
             self.pc.close(death_sig=signal.SIGKILL, timeout=STOP_GRACE)
 
     def _read(self, key: str) -> Optional[str]:
-        with contextlib.suppress(Exception):
+        """A rank's report, or None when the store cannot say; a stop signal that arrives meanwhile
+        is not the store's failure: it goes on to the launch (swallowed, the ranks ran on)."""
+        try:
             if self.store.check([key]):
                 return self.store.get(key).decode("utf-8", "replace")
+        except _stop_signals():
+            raise
+        except Exception:
+            pass
         return None
 
     def outcome(
@@ -382,8 +388,12 @@ class _Watch:
         from torch.distributed.elastic.multiprocessing import ProcessFailure
 
         failure: Any = None
-        with contextlib.suppress(Exception):
+        try:
             failure = ProcessFailure(outcome.rank, pid, outcome.exitcode, self.pc.error_files[outcome.rank])
+        except _stop_signals():
+            raise
+        except Exception:
+            pass
         message = failure.message if failure is not None else None
         if isinstance(message, dict):
             text = str(message.get("message", ""))
