@@ -222,6 +222,7 @@ def run(
     device: Optional[str] = cli_option("device"),
     no_backward: bool = cli_option("backward", False),  # not a kind: an option
     steps: int = cli_option("steps", 1, min=1),
+    warmup: int = cli_option("warmup", 0, min=0),
     optimizer: Optional[str] = cli_option("optimizer"),  # not a kind: an option
     shapes: bool = cli_option("shapes", False),
     format: Optional[str] = FORMAT_OPT,
@@ -251,6 +252,7 @@ def run(
             device=device,
             backward=not no_backward,
             steps=steps,
+            warmup=warmup,
             optimizer=optimizer,
             timeout=timeout,
             shapes=shapes,

@@ -27,9 +27,12 @@ VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "exp
               "all_surprises": "--all-surprises"}  # fmt: skip
 _DEVICE = re.compile(r"(cpu|auto|cuda(:\d+)?)")
 # Bounds of the numbers a run takes. A trace keeps every event in memory (a million events is about
-# 0.5 GB) and hook order settles within a few steps: --steps stops at ten thousand. --timeout is a
-# finite number of seconds up to a week. --nproc: see `max_nproc`.
+# 0.5 GB) and hook order settles within a few steps: --steps stops at ten thousand. --warmup keeps
+# nothing in memory but costs the time of a step each, and first-call work is over after one or two:
+# it stops at ten thousand too. --timeout is a finite number of seconds up to a week. --nproc: see
+# `max_nproc`.
 MAX_STEPS = 10_000
+MAX_WARMUP = 10_000
 MAX_TIMEOUT = 7 * 24 * 3600.0
 _MAX_SIZE = 2**63 - 1  # one --input size: what torch takes as a size at all
 
@@ -59,6 +62,13 @@ FLAGS: dict[str, Flag] = {
     ),
     "backward": Flag(("--no-backward",), "Run forward only."),
     "steps": Flag(("--steps",), "Iterations of forward, backward (and optimizer step).", "N"),
+    "warmup": Flag(
+        ("--warmup",),
+        "Steps to run untraced before the traced ones (default 0): their first-call work stays out "
+        "of the times; hooks registered meanwhile are still in the trace. Steps are numbered from 0 "
+        "after them.",
+        "N",
+    ),
     "optimizer": Flag(
         ("--optimizer",),
         "Each step also runs optimizer.step() and zero_grad(): sgd|adam|adamw over the model's "
@@ -115,6 +125,7 @@ class RunOptions:
     device: Optional[str] = None
     backward: bool = True
     steps: int = 1
+    warmup: int = 0
     optimizer: Optional[str] = None
     timeout: Optional[float] = None  # --nproc only; None: the launcher's default
     shapes: bool = False  # record what each hook received and returned (capture/shapes.py)
@@ -125,6 +136,7 @@ class RunOptions:
     def check(self) -> RunOptions:
         """Raise UsageError for a value no run could use; torch is not imported. Returns self."""
         check_steps(self.steps)
+        check_warmup(self.warmup)
         for text in self.input_shapes:
             parse_shape(text)
         if self.dtype is not None:
@@ -152,6 +164,16 @@ def check_steps(steps: int) -> int:
             "hook order settles within a few steps)"
         )
     return steps
+
+
+def check_warmup(warmup: int) -> int:
+    """`--warmup`: 0 to MAX_WARMUP (UsageError otherwise)."""
+    if not 0 <= warmup <= MAX_WARMUP:
+        raise UsageError(
+            f"--warmup {warmup}: give 0 to {MAX_WARMUP:,} steps to run untraced first "
+            "(one or two are usually enough)"
+        )
+    return warmup
 
 
 def check_timeout(seconds: float) -> float:

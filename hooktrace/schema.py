@@ -123,6 +123,9 @@ class Meta:
     # what `hooktrace run` did about backward: "ran" (every step), "off" (--no-backward), "no-grad"
     # (skipped: nothing in the output required grad); None when not known (the Python API)
     backward: Optional[str] = None
+    # steps that ran untraced before the traced ones: `run --warmup N` (N), `exec --start K` (K); 0
+    # means the traced steps include the model's first calls; None when not known (the Python API)
+    warmup: Optional[int] = None
 
 
 def _record(obj: Any) -> dict[str, Any]:

@@ -84,6 +84,7 @@ def test_a_plain_loop_with_accumulation_is_traced_in_its_window_and_stopped(exec
     assert "finished" not in out  # stopped after the window
     assert "traced steps 2-3" in err and "stopped the script there" in err
     assert trace.meta.steps == 2 and {e.step for e in trace.events} == {0, 1}
+    assert trace.meta.warmup == 2  # --start 2: renderings say the times come after 2 untraced steps
     # two backward calls per optimizer step: each step has two forward calls of the model
     model_calls = [e for e in trace.events if e.type == "enter" and e.module == "Net"]
     assert len(model_calls) == 4

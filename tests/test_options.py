@@ -95,6 +95,8 @@ BAD_NUMBERS = [
     (["--nproc", "1025"], "--nproc 1025: give 1 to"),
     (["--steps", "99999999999999999999"], "--steps 99999999999999999999: give 1 to 10,000"),
     (["--steps", "10001"], "--steps 10001: give 1 to 10,000"),
+    (["--warmup", "10001"], "--warmup 10001: give 0 to 10,000"),
+    (["--warmup", "99999999999999999999"], "--warmup 99999999999999999999: give 0 to 10,000"),
     (
         ["--nproc", "1", "--timeout", "inf"],
         "--timeout inf: give a number of seconds more than 0 and at most 604800",
@@ -129,9 +131,11 @@ def test_numbers_past_their_bounds_are_refused_with_the_range(
 
 def test_the_bounds_themselves_are_accepted() -> None:
     """The nearest cases: the largest allowed values pass the checks."""
-    from hooktrace.options import MAX_STEPS, MAX_TIMEOUT, check_nproc, max_nproc
+    from hooktrace.options import MAX_STEPS, MAX_TIMEOUT, MAX_WARMUP, check_nproc, max_nproc
 
-    assert RunOptions(steps=MAX_STEPS, timeout=MAX_TIMEOUT, input_shapes=(f"{2**63 - 1}x1",)).check()
+    assert RunOptions(
+        steps=MAX_STEPS, warmup=MAX_WARMUP, timeout=MAX_TIMEOUT, input_shapes=(f"{2**63 - 1}x1",)
+    ).check()
     assert check_nproc(max_nproc()) == max_nproc() and 8 <= max_nproc() <= 1024
     with pytest.raises(UsageError):
         check_nproc(max_nproc() + 1)

@@ -75,8 +75,16 @@ def test_surprises_that_differ_only_in_layer_numbers_are_grouped() -> None:
 
 def test_summary_has_total_time_only_with_times() -> None:
     trace = two_layer().trace()
-    assert plain(trace, times=True).strip().endswith("17.5µs total (times include first-call warm-up)")
+    assert plain(trace, times=True).strip().endswith("17.5µs total")  # meta.warmup unknown: no claim
     assert "total" not in plain(trace)
+    first = " ".join(plain(two_layer().trace(warmup=0), times=True).split())
+    assert first.endswith(
+        "17.5µs total (step 0's times include first-call work; run a step untraced first: "
+        "--warmup 1, or --start 1 with exec)"
+    )
+    warm = " ".join(plain(two_layer().trace(warmup=3), times=True).split())
+    assert warm.endswith("17.5µs total (after 3 warm-up steps, untraced)")
+    assert "first-call" not in warm
     assert "4.0µs" in lines_with(plain(trace, times=True), "fc1 Linear")[0]
 
 
@@ -183,9 +191,12 @@ def test_defined_at_is_the_file_name_in_the_factory_file_only() -> None:
     assert "samples/zoo/model.py:10" in plain(b.trace(target="elsewhere.py:make"))
 
 
-def test_step_0_times_are_marked_as_warm_up() -> None:
-    trace = encoder(1, steps=2, odd_layer=0).trace()
+def test_step_0_times_are_marked_as_first_call_work_only_when_the_trace_says_so() -> None:
+    trace = encoder(1, steps=2, odd_layer=0).trace(warmup=0)
     text = tree_text(trace, width=100, times=True)
-    assert "step 0  (times include first-call warm-up)" in text
+    assert "step 0  (times include first-call work)" in text
     assert "step 1  (" not in text
-    assert "warm-up" not in plain(trace)
+    assert "first-call" not in plain(trace)  # no times shown: nothing to say about them
+    for warmup in (None, 1):  # not known (the Python API), or after a warm-up step
+        text = tree_text(encoder(1, steps=2, odd_layer=0).trace(warmup=warmup), width=100, times=True)
+        assert "first-call" not in text and "step 0  (" not in text

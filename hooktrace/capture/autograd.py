@@ -205,6 +205,26 @@ def _comm_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     return _comm_patch(original)
 
 
+def watch_node_hooks(callbacks: Any) -> Callable[[], None]:
+    """The node-hook patch alone, while no capture is open (registrations watched before it opens,
+    capture/steps.py): `callbacks.on_node_hook(dict, handle, kind, node, frame)` is called for each
+    node hook registered, as a capture's is. Returns what puts PyTorch's function back."""
+    global _current
+    if _current is not None:
+        raise RuntimeError("another capture's autograd patches are installed")
+    original = vars(autograd_function._HookMixin)["_register_hook"]
+    _current = callbacks
+    autograd_function._HookMixin._register_hook = staticmethod(_register_hook)  # type: ignore[method-assign]
+
+    def restore() -> None:
+        global _current
+        if _current is callbacks:
+            _current = None
+        autograd_function._HookMixin._register_hook = original  # type: ignore[method-assign]
+
+    return restore
+
+
 class Installed:
     """The three patches for one capture; `restore()` puts PyTorch's functions back."""
 

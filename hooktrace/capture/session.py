@@ -146,6 +146,13 @@ class TraceSession:
                 if hd.d:
                     self._book.infer_prepends(hd.d)
 
+    def adopt_node_hooks(self, d: dict, kind: str, variable: Any) -> None:
+        """Trace the hooks an autograd node's dict got before the block (`variable`: an AccumulateGrad's)."""
+        with self._lock:
+            for hid, fn in list(d.items()) if self._active else ():
+                if not sites.is_plumbing_hook(fn):
+                    self._book.wrap_tensor_hook(d, hid, kind, variable, scope=NODE)
+
     def mark_step(self) -> None:
         """Start the next step: later events carry `step + 1`."""
         if not self._active:

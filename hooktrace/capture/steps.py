@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.autograd
 
-from . import dicts, optim, registry, shims, sites
+from . import autograd, dicts, optim, registry, shims, sites
 from .records import Site
 from .views import _is_compiling
 
@@ -137,15 +137,24 @@ class StepWatch:
 class Registrations:
     """Hook registrations before the window opens: where each was made (call sites, `prepend`), and
     the tensors that got hooks (their hooks are traced once the window opens). Only registration
-    costs anything; nothing is wrapped. `pause()` while a capture is open (it sees them itself)."""
+    costs anything; nothing is wrapped. `pause()` while a capture is open (it sees them itself).
 
-    def __init__(self) -> None:
+    `during_run()`: whether a registration happens while the model runs (a capture knows it from its
+    wrappers; here nothing is wrapped, so the driver says it; default: inside autograd's backward)."""
+
+    def __init__(self, during_run: Callable[[], bool] = shims.in_backward) -> None:
         self.sites: dict[int, Site] = {}
+        self.removed: set[int] = set()  # handle ids of hooks registered here and removed since
+        self._during_run = during_run
         self.tensors: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._installed = False
         self._comm: Optional[tuple[Any, Any]] = None  # (torch.distributed, its _register_comm_hook)
         self.comm_hooks: list[tuple[Any, Any, Site]] = []  # (weakref to the DDP module, hook, site)
+        # autograd nodes that got hooks (an AccumulateGrad's outlive a step): id(dict) -> (weakref
+        # to the node's hook dict, kind, weakref to the node's variable or None)
+        self.node_dicts: dict[int, tuple[Any, str, Any]] = {}
+        self._unwatch_nodes: Optional[Callable[[], None]] = None
 
     def install(self) -> None:
         if not self._installed:
@@ -156,6 +165,7 @@ class Registrations:
             if original is not None:
                 self._comm = (dist, original)
                 dist._register_comm_hook = self._comm_patch(original)
+            self._unwatch_nodes = autograd.watch_node_hooks(self)
 
     def pause(self) -> None:
         if self._installed:
@@ -165,6 +175,20 @@ class Registrations:
                 dist, original = self._comm
                 dist._register_comm_hook = original
                 self._comm = None
+            if self._unwatch_nodes is not None:
+                self._unwatch_nodes()
+                self._unwatch_nodes = None
+
+    def on_node_hook(self, d: dict, handle: Any, kind: str, node: Any, frame: Any) -> None:
+        """A hook registered on an autograd node (capture/autograd.py calls this): where, and the
+        node's dict, whose hooks are traced once the window opens if the node is still alive."""
+        self.sites[handle.id] = self._site(frame)
+        variable = getattr(node, "variable", None) if node is not None else None
+        try:
+            ref = weakref.ref(d)
+        except TypeError:
+            return
+        self.node_dicts[id(d)] = (ref, kind, weakref.ref(variable) if variable is not None else None)
 
     def _comm_patch(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """DDP communication hooks registered before the window: the reducer gets the user's hook as
@@ -191,7 +215,7 @@ class Registrations:
 
     def _site(self, frame: Any, prepend: bool = False) -> Site:
         at, by = sites.call_sites(frame)
-        return Site(at, by, shims.in_backward(), prepend)
+        return Site(at, by, self._during_run(), prepend)
 
     def _on_register(self, handle: Any, kind: str, owner: Any, arguments: dict, frame: Any) -> None:
         self.sites[handle.id] = self._site(frame, bool(arguments.get("prepend", False)))
@@ -207,4 +231,26 @@ class Registrations:
         self.sites.setdefault(handle.id, self._site(frame))
 
     def _on_remove(self, handle: Any) -> None:
-        pass
+        if handle.id in self.sites:
+            self.removed.add(handle.id)
+
+
+def open_after(registrations: Registrations, session: Any) -> None:
+    """Open `session` (a TraceSession) where `registrations` leaves off: it gets their call sites,
+    the tensors that got hooks and the DDP comm hooks, and sees registrations itself from now on.
+    `hooktrace exec` at its window and `hooktrace run --warmup` after the warm-up steps."""
+    registrations.pause()
+    session.known_sites(dict(registrations.sites))
+    session.__enter__()
+    try:
+        for tensor in list(registrations.tensors.values()):
+            session.adopt_tensor(tensor)
+        for ddp, hook, site in registrations.comm_hooks:
+            session.comm_hook_at(ddp(), hook, site)
+        for ref, kind, variable in list(registrations.node_dicts.values()):
+            d = ref()
+            if d:
+                session.adopt_node_hooks(d, kind, variable() if variable is not None else None)
+    except BaseException:
+        session.__exit__(None, None, None)  # every dict restored; the caller sees it as not opened
+        raise

@@ -89,8 +89,8 @@ class _Store:
     def progress(self, phase: str) -> None:
         self._set(PROGRESS_KEY.format(rank=self.rank), phase)
 
-    def step(self, step: int) -> None:
-        self.progress(f"step {step}")
+    def step(self, step: int, warmup: bool = False) -> None:
+        self.progress(f"warm-up step {step}" if warmup else f"step {step}")
 
     def notes(self, notes: list[str]) -> None:
         self._set(NOTES_KEY.format(rank=self.rank), json.dumps(notes))

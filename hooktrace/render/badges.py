@@ -34,7 +34,26 @@ PHASE_TITLES = {
     OPTIMIZER_PHASE: "optimizer (optimizer.step)",
 }
 
-WARM_UP = "times include first-call warm-up"
+# What the times are (`meta.warmup`): 0 when the traced steps include the model's first calls, N
+# after `run --warmup N` / `exec --start N`, None when not known (the Python API, older traces).
+FIRST_CALL = "times include first-call work"
+FIRST_CALL_HINT = "run a step untraced first: --warmup 1, or --start 1 with exec"
+
+
+def first_call_traced(meta: Meta) -> bool:
+    """The traced steps began with the model's first calls: step 0's times include first-call work."""
+    return meta.warmup == 0
+
+
+def times_note(meta: Meta) -> Optional[str]:
+    """One phrase on what the times include, or None when the trace does not say."""
+    if first_call_traced(meta):
+        return f"step 0's {FIRST_CALL}; {FIRST_CALL_HINT}"
+    if meta.warmup:
+        return f"after {plural(meta.warmup, 'warm-up step')}, untraced"
+    return None
+
+
 INFO_HINT = "--all-surprises shows them"
 
 

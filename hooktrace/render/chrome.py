@@ -19,6 +19,7 @@ from typing import Any, Optional
 from ..analysis.calls import in_order, pair
 from ..kinds import ENTER, GLOBAL, HOOK
 from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
+from .badges import FIRST_CALL, first_call_traced, times_note
 from .safe import UNSAFE_CHARS
 
 
@@ -105,6 +106,8 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
     title = f"hooktrace {trace.meta.target}" if trace.meta.target else "hooktrace"
     if trace.meta.rank is not None:
         title += f" rank {trace.meta.rank}"
+    if first_call_traced(trace.meta) and events:
+        title += f" (step 0: {FIRST_CALL})"
     out: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": title}}
     ]
@@ -164,6 +167,9 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
     """The whole Trace Event Format document as a dict."""
     meta = asdict(trace.meta)
     meta.update(format=FORMAT, version=VERSION, hooks=len(trace.hooks), events=len(trace.events))
+    note = times_note(trace.meta)
+    if note is not None:
+        meta["times"] = note
     return {"traceEvents": chrome_events(trace), "displayTimeUnit": "ns", "otherData": meta}
 
 

@@ -26,7 +26,7 @@ from ..analysis import calltree as ct
 from ..analysis.calls import calls
 from ..analysis.calltree import Node, SavedTensors
 from ..schema import Event, Trace, gc_paused
-from .badges import title_target
+from .badges import times_note, title_target
 from .safe import UNSAFE_CHARS
 
 _HIDDEN = re.compile(f"[{UNSAFE_CHARS}]")
@@ -168,6 +168,7 @@ def trace_data(trace: Trace, label: str = "", marks: Iterable[int] = (), note: s
         "rows": rows.to_dict(),
         "calls": spans,
         "marks": sorted(set(marks)),
+        "times": times_note(trace.meta),  # what the times include, or null
     }
 
 

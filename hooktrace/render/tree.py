@@ -28,9 +28,10 @@ from ..kinds import ENTER, HOOK, PHASES, TABLE
 from ..options import UsageError, module_path
 from ..schema import Event, Trace, is_internal_error
 from .badges import (
+    FIRST_CALL,
     PHASE_TITLES,
-    WARM_UP,
     badges,
+    first_call_traced,
     fmt_ns,
     hook_name,
     info_line,
@@ -39,6 +40,7 @@ from .badges import (
     plural,
     short_error,
     split_surprises,
+    times_note,
 )
 from .errors import RenderError
 from .safe import safe_text
@@ -244,8 +246,8 @@ class _Drawer:
             return out
         for step, same in ct.runs(steps, self.expand):
             label = Text(f"step {step.step}", style="bold")
-            if self.times and step.step == 0:
-                label.append(f"  ({WARM_UP})", style="dim")
+            if self.times and step.step == 0 and first_call_traced(self.meta):
+                label.append(f"  ({FIRST_CALL})", style="dim")
             branch = out.add(label)
             for phase in step.children:
                 self.add_children(branch.add(self.phase_label(phase)), phase, 1, 3 * GUIDE)
@@ -310,13 +312,18 @@ def _summary(view: TreeView, width: int) -> Text:
         )
     n = len(view.surprises)
     parts.append(plural(n, "surprise") + (f" (+{view.hidden_info} info)" if view.hidden_info else ""))
+    note: Optional[str] = None
     if view.times and events:
         total = max(e.start_ns + e.duration_ns for e in events) - min(e.start_ns for e in events)
-        steps = {e.step for e in events}
-        parts.append(f"{fmt_ns(total)} total" + (f" ({WARM_UP})" if 0 in steps else ""))
+        parts.append(f"{fmt_ns(total)} total")
+        note = times_note(view.trace.meta)
+        if note is not None and first_call_traced(view.trace.meta) and all(e.step for e in events):
+            note = None  # the view shows no event of step 0
     segs = [("", Text(parts[0]))] + [(" ", Text(p)) for p in parts[1:]]
     for i in range(len(segs) - 1):
         segs[i][1].append(",")
+    if note:  # word by word, so a narrow terminal wraps it between words
+        segs += [(" ", Text(w)) for w in f"({note})".split(" ")]
     text = _pack(segs, width)
     text.stylize("bold")
     return text

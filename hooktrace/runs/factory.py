@@ -12,8 +12,11 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ..analysis.counts import plural
 from ..analysis.surprises import find_surprises
 from ..capture.session import TraceSession, check_torch
+from ..capture.shims import in_backward
+from ..capture.steps import Registrations, open_after
 from ..capture.views import UnsupportedTorch
 from ..inputs import Prepared, coerce_result, compute_loss, prepare, resolve_device
 from ..kinds import BACKWARD, FORWARD, HOOK, OPTIMIZER_PHASE
@@ -76,10 +79,55 @@ def _call_factory(factory: Factory) -> Any:
 
 @dataclass
 class _Progress:
-    """Where the steps are: which step, and which part of it (forward, loss, backward, optimizer)."""
+    """Where the steps are: which step, and which part of it (forward, loss, backward, optimizer);
+    `warmup`: a warm-up step (untraced)."""
 
     step: int = 0
     stage: str = "setup"
+    warmup: bool = False
+
+    def in_model(self) -> bool:
+        """A module call or a backward pass is in progress (what `registered_during_run` means)."""
+        return self.stage == FORWARD or in_backward()
+
+
+class _Capture:
+    """The capture of one run. Without warm-up it is open from before the factory is called. With
+    `--warmup N`, the factory and the warm-up steps run under the registration watch that `exec`
+    keeps before its window (capture/steps.py: call sites and flags seen, nothing wrapped, no
+    per-call cost), and `open()` opens it before the first traced step."""
+
+    def __init__(self, spec: str, options: RunOptions, progress: _Progress) -> None:
+        self.session = TraceSession(target=spec, analyse=find_surprises, shapes=options.shapes)
+        self.registrations = Registrations(progress.in_model) if options.warmup else None
+        self.opened = False
+
+    def __enter__(self) -> _Capture:
+        if self.registrations is None:
+            self.session.__enter__()
+            self.opened = True
+        else:
+            self.registrations.install()
+        return self
+
+    def open(self) -> None:
+        if not self.opened and self.registrations is not None:
+            open_after(self.registrations, self.session)
+            self.opened = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.opened:
+            self.session.__exit__(*exc)
+            return
+        if self.registrations is not None:
+            self.registrations.restore()
+            self.session.known_sites(dict(self.registrations.sites))
+        with self.session:  # the run stopped before the traced steps: an empty trace
+            pass
+
+    def removed_in_warmup(self) -> int:
+        """Hooks registered (by the factory or in warm-up) and removed before the traced steps."""
+        return len(self.registrations.removed) if self.registrations is not None else 0
 
 
 def run(
@@ -87,11 +135,12 @@ def run(
     options: RunOptions = RunOptions(),
     *,
     stop_signals: bool = False,
-    on_step: Optional[Callable[[int], None]] = None,
+    on_step: Optional[Callable[[int, bool], None]] = None,
 ) -> RunResult:
     """Load, run and trace. UsageError for bad input; an exception from the model is caught and reported.
 
-    `on_step(step)` is called as each step starts (`run --nproc` reports the ranks' progress with it).
+    `on_step(step, warmup)` is called as each step starts, warm-up steps (numbered from 0 too) with
+    `warmup` true (`run --nproc` reports the ranks' progress with it).
 
     stop_signals: SIGINT/SIGTERM (main thread only) stop the run; the partial trace is returned with
     `stopped_by` set. The rank worker, which handles signals itself, leaves this off."""
@@ -101,22 +150,35 @@ def run(
     notes: list[str] = []
     exception: Optional[BaseException] = None
     stopped: Optional[int] = None
-    progress = _Progress()
+    progress = _Progress(warmup=options.warmup > 0)
     with factory.on_sys_path(), StopSignals(stop_signals) as signals:
-        with TraceSession(target=factory.spec, analyse=find_surprises, shapes=options.shapes) as t:
+        with _Capture(factory.spec, options, progress) as capture:
+            t = capture.session
             signals.armed = True
             try:
                 target = coerce_result(_call_factory(factory), factory.label)
                 t.attach(target.model)
                 prepared = prepare(target, options)
                 notes += prepared.notes
-                t.set_meta(device=str(prepared.device), target=factory.spec, steps=options.steps)
+                t.set_meta(
+                    device=str(prepared.device),
+                    target=factory.spec,
+                    steps=options.steps,
+                    warmup=options.warmup,
+                )
+                for step in range(options.warmup):
+                    progress.step = step
+                    if on_step is not None:
+                        on_step(step, True)
+                    _step(prepared, options.backward, notes, progress)
+                progress.warmup, progress.stage = False, "setup"
+                capture.open()
                 for step in range(options.steps):
                     if step:
                         t.mark_step()
                     progress.step = step
                     if on_step is not None:
-                        on_step(step)
+                        on_step(step, False)
                     _step(prepared, options.backward, notes, progress)
             except Stopped as exc:
                 stopped = exc.signal
@@ -131,9 +193,18 @@ def run(
         stopped = stopped or signals.pending
     t.set_meta(backward=backward_meta(options.backward, notes, exception or stopped))
     trace = t.trace
+    if options.warmup:
+        notes.append(
+            _warmup_note(options.warmup, capture.removed_in_warmup(), progress, exception or stopped)
+        )
     if not options.backward:
         notes.append("backward skipped (--no-backward)")
     error = describe_error(trace, exception) if exception is not None else None
+    if exception is not None and progress.warmup:
+        error = (
+            f"the run raised {type(exception).__name__}: {exception} in warm-up step {progress.step} "
+            f"({progress.stage}), before tracing began; run without --warmup to see where"
+        )
     if exception is not None and prepared_inputs_rejected(trace, exception, progress, options):
         raise UsageError(_rejected_message(trace, exception, error or "", options, prepared)) from exception
     return RunResult(
@@ -143,6 +214,20 @@ def run(
         notes=notes,
         stopped_by=signal.Signals(stopped) if stopped is not None else None,
     )
+
+
+def _warmup_note(warmup: int, removed: int, progress: _Progress, interrupted: Any) -> str:
+    """What the warm-up did: how many steps ran untraced, and what of them the trace cannot show."""
+    if interrupted is not None and progress.warmup:
+        return (
+            f"the run ended in warm-up step {progress.step} of {warmup}, before the traced steps: no "
+            "events; the hooks registered so far are in the trace"
+        )
+    text = f"{plural(warmup, 'warm-up step')} ran untraced first; the traced steps are numbered from 0"
+    if removed:
+        verb = "is" if removed == 1 else "are"
+        text += f"; {plural(removed, 'hook')} registered and removed before them {verb} not in the trace"
+    return text
 
 
 def backward_meta(backward: bool, notes: list[str], interrupted: Any) -> Optional[str]:

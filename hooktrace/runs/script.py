@@ -172,18 +172,13 @@ class _Window:
     def open(self) -> None:
         from ..analysis.surprises import find_surprises
         from ..capture.session import TraceSession
+        from ..capture.steps import open_after
 
-        self.registrations.pause()  # the capture sees registrations itself now
         session = TraceSession(
             None, target=self.script.label, analyse=find_surprises, shapes=self.options.shapes
         )
-        session.known_sites(dict(self.registrations.sites))
-        session.__enter__()
+        open_after(self.registrations, session)  # the capture sees registrations itself now
         self.session = session
-        for tensor in list(self.registrations.tensors.values()):
-            session.adopt_tensor(tensor)
-        for ddp, hook, site in self.registrations.comm_hooks:
-            session.comm_hook_at(ddp(), hook, site)
         self.watch.rewrap()
         self.state = "open"
 
@@ -214,7 +209,7 @@ class _Window:
             with session:
                 pass
         rank, world = _rank_meta()
-        session.set_meta(target=self.script.label, rank=rank, world_size=world)
+        session.set_meta(target=self.script.label, rank=rank, world_size=world, warmup=self.options.start)
         return ScriptResult(trace=session.trace, notes=self._notes(ended_by), steps_ended=self.ended)
 
     def _notes(self, ended_by: Optional[str]) -> list[str]:
