@@ -320,6 +320,55 @@ def bench_exec(quick: bool, tmp: Path) -> list[Row]:
     return [row]
 
 
+def bench_exec_in_process(quick: bool, tmp: Path) -> list[Row]:
+    """The same script in this one process (no difference of start-up, imports or heap between the
+    sides): `runpy.run_path` as python runs it, and `run_script` as `hooktrace exec --start 10 --steps 2
+    --keep-running` runs it, interleaved (the order alternates, `gc.collect()` before each run)."""
+    import runpy
+
+    from hooktrace.runs.script import ExecOptions, Script, run_script
+
+    row = Row(
+        "exec_untraced_in_process",
+        "the same, both sides in this process: `run_script` (exec's window and watchers) / `runpy.run_path`",
+        "ratio",
+        1.02,
+    )
+    options = ExecOptions(start=10, steps=2, keep_running=True)
+    ratios, wall_ratios, plain_ms = [], [], []
+    for i in range(3 if quick else 12):
+        sums: dict[str, tuple[float, float]] = {}
+        for kind in ("plain", "traced") if i % 2 == 0 else ("traced", "plain"):
+            out = tmp / f"in-process-{kind}.json"
+            gc.collect()
+            if kind == "plain":
+                argv = sys.argv
+                sys.argv = [str(EXEC_SCRIPT), str(out)]
+                try:
+                    runpy.run_path(str(EXEC_SCRIPT), run_name="__main__")
+                finally:
+                    sys.argv = argv
+            else:
+                result = run_script(Script(path=str(EXEC_SCRIPT), args=(str(out),)), options, lambda r: None)
+                if result.exit_code != 0 or result.exception is not None:
+                    return [not_measurable(row, f"exec run failed: {result.error}")]
+            times = json.loads(out.read_text())
+            cpu, wall = times["cpu"], times["wall"]
+            sums[kind] = (sum(cpu[s] for s in UNTRACED), sum(wall[s] for s in UNTRACED))
+            if kind == "plain":
+                plain_ms.append(1000 * sums[kind][0] / len(UNTRACED))
+        ratios.append(sums["traced"][0] / sums["plain"][0])
+        wall_ratios.append(sums["traced"][1] / sums["plain"][1])
+    row.values = ratios
+    row.details = {
+        "plain_step_cpu_ms": statistics.median(plain_ms),
+        "wall_ratio_median": statistics.median(wall_ratios),
+        "wall_ratios": wall_ratios,
+        "steps_compared": UNTRACED,
+    }
+    return [row]
+
+
 # -- row 7: tree / SVG render of a 24-layer transformer ------------------------------------------------
 def transformer_trace(layers: int) -> Any:
     """One fwd+bwd of TransformerEncoder(`layers`, 256, 8 heads); pre, forward, full backward hooks."""
@@ -383,8 +432,9 @@ BENCHES: dict[str, Callable[..., list[Row]]] = {
     "cli": bench_cli,
     "render": bench_render,
     "exec": bench_exec,
+    "exec_in_process": bench_exec_in_process,
 }
-NEEDS_TMP = {"save_load", "cli", "exec"}
+NEEDS_TMP = {"save_load", "cli", "exec", "exec_in_process"}
 GROUPS = {
     "hook_heavy": ("hook_heavy_step", "hook_heavy_session"),
     "transformer": ("transformer_step", "transformer_session"),
@@ -395,6 +445,7 @@ GROUPS = {
     "cli": ("cli_help", "cli_render", "cli_diff", "cli_exec_help"),
     "render": ("render_tree", "render_svg"),
     "exec": ("exec_untraced_steps",),
+    "exec_in_process": ("exec_untraced_in_process",),
 }
 
 

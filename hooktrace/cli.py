@@ -172,7 +172,8 @@ def _run_ranks(
 
         traces = {o.rank: o.trace for o in ranks.ranks if o.trace is not None}
         if traces:
-            page = ranks_html(traces, missing=[o.rank for o in ranks.ranks if o.trace is None])
+            names = {o.rank: o.trace_path for o in ranks.ranks if o.trace_path is not None}
+            page = ranks_html(traces, names, missing=[o.rank for o in ranks.ranks if o.trace is None])
             _emit(page, output, f"html: {len(traces)} ranks")
     elif ranks.shown is not None and not quiet:
         _output(ranks.shown, fmt, None, view)

@@ -172,3 +172,28 @@ def test_pane_labels_stay_whole_side_by_side(driver: Any, tmp_path: Path, width:
         assert len(tops) == 2 and tops[0] == tops[1]
     finally:
         _viewport(driver, 1400, 900)
+
+
+@pytest.mark.slow
+def test_run_nproc_writes_one_page_of_every_rank(driver: Any, tmp_path: Path) -> None:
+    """`run samples/rank_divergence.py --nproc 2 -o ranks.html`: a hook registered on rank 1 only."""
+    import subprocess
+    import sys
+
+    sample = Path(__file__).resolve().parent.parent / "samples" / "rank_divergence.py"
+    out = tmp_path / "ranks.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "hooktrace", "run", str(sample), "--nproc", "2", "-o", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr  # the ranks diverge
+    data = embedded(out.read_text(encoding="utf-8"))
+    assert [v["note"] for v in data["views"]] == [str(tmp_path / f"ranks.rank{r}.json") for r in (0, 1)]
+    _viewport(driver, 1280, 800)
+    try:
+        browser.open_page(driver, out)
+        panes = _panes(driver)
+        assert [label for label, _ in panes] == ["rank 0", "rank 1"]
+        assert len(panes[1][1]) == 1 and "log_activation" in panes[1][1][0], "rank 1's extra hook marked"
+    finally:
+        _viewport(driver, 1400, 900)

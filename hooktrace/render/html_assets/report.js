@@ -65,6 +65,7 @@
     this.start = c.start_ns || []; this.dur = c.duration_ns || []; this.returned = c.returned || []; this.error = c.error || [];
     this.shapes = table("shapes"); // traced with --shapes: what each hook received and returned
     this.bySeq = new Map();
+    this.seqWidth = ("#" + this.seq.reduce((a, b) => Math.max(a, b), 0)).length;
     let dense = true;
     for (let i = 0; i < n; i++) if (this.seq[i] !== i) { dense = false; break; }
     if (!dense) for (let i = 0; i < n; i++) if (!this.bySeq.has(this.seq[i])) this.bySeq.set(this.seq[i], i);
@@ -297,7 +298,7 @@
   };
   Pane.prototype.hookLabel = function (row, i) {
     const m = this.m, r = m.rows, seq = r.first[i], ei = m.ev(seq);
-    span(row, "seq", "#" + seq + " ");
+    span(row, "seq", ("#" + seq).padEnd(m.seqWidth) + " ");  // one width: the kinds and names line up
     if (ei < 0) { span(row, "err", "missing event"); return; }
     const h = m.hookOf(ei), kind = S(m.kind[ei] || (h ? h.kind : "hook"));
     span(row, "kind k-" + kind, kind + " ");
