@@ -481,12 +481,13 @@ def gc_paused(long_lived: bool = False) -> Iterator[None]:
             gc.enable()
 
 
-def write_error_words(exc: OSError, path: PathLike) -> str:
-    """Why a write failed, in words, with what to do (the CLI's and the rank workers' `cannot write`)."""
+def write_error_words(exc: OSError, path: PathLike, absolute: bool = True) -> str:
+    """Why a write failed, in words, with what to do (the CLI's and the rank workers' `cannot write`);
+    a missing folder named by its absolute path (rank workers), or as `path` names it (the CLI)."""
     import errno
 
-    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-
+    text = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(text) if absolute else text) or "."
     reason = exc.strerror or str(exc)
     if exc.errno == errno.ENOENT and not os.path.isdir(folder):
         return f"{reason} (the folder {folder} does not exist; create it first)"

@@ -78,7 +78,7 @@ def output(
 
 def write(trace: Trace, output: Path, data: Any) -> None:
     """Write atomically: a failed write leaves what was at `output` untouched."""
-    from .io import write_output
+    from .io import write_error_words, write_output
 
     try:
         if data is None:
@@ -86,23 +86,7 @@ def write(trace: Trace, output: Path, data: Any) -> None:
         else:
             write_output(output, data)  # gzip-compressed when the name ends in .gz
     except OSError as exc:
-        raise UsageError(f"cannot write {output}: {os_error(exc, output)}") from exc
-
-
-def os_error(exc: OSError, path: Path) -> str:
-    """What went wrong, in words, with what to do when it is the folder."""
-    import errno
-
-    reason = exc.strerror or str(exc)
-    if exc.errno == errno.ENOENT and not path.parent.is_dir():
-        return f"{reason} (the folder {path.parent} does not exist; create it first)"
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"{reason}; free some space or write elsewhere (nothing was overwritten)"
-    if exc.errno == errno.EFBIG:
-        return f"{reason} (a file-size limit, see ulimit -f); nothing was overwritten"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"{reason}; choose a path you can write to"
-    return f"{reason} (errno {exc.errno})" if exc.errno else reason
+        raise UsageError(f"cannot write {output}: {write_error_words(exc, output, absolute=False)}") from exc
 
 
 def is_html(fmt: Optional[str], output: Optional[Path]) -> bool:
@@ -130,10 +114,10 @@ def emit_page(page: str, output: Optional[Path], what: str) -> None:
     if output is None:
         sys.stdout.write(page)
         return
-    from .io import write_atomic
+    from .io import write_atomic, write_error_words
 
     try:
         write_atomic(output, page)
     except OSError as exc:
-        raise UsageError(f"cannot write {output}: {os_error(exc, output)}") from exc
+        raise UsageError(f"cannot write {output}: {write_error_words(exc, output, absolute=False)}") from exc
     stderr_line(f"wrote {output} ({what})")

@@ -319,6 +319,25 @@ def test_a_write_past_the_file_size_limit_says_so_and_keeps_the_old_file(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # no temporary file left
 
 
+def test_a_missing_folder_is_named_as_given_by_the_cli_and_absolute_by_a_rank_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    from hooktrace.io import write_error_words
+
+    monkeypatch.chdir(tmp_path)
+    code, line = one_error_line(["run", str(SAMPLES / "quickstart.py"), "-o", "no/dir/x.json"], capsys)
+    assert code == 2 and line.endswith("(the folder no/dir does not exist; create it first)"), line
+    missing = OSError(errno.ENOENT, "No such file or directory")
+    assert write_error_words(missing, "x/y.json").endswith(
+        f"(the folder {tmp_path / 'x'} does not exist; create it first)"
+    )
+    assert write_error_words(missing, "x/y.json", absolute=False).endswith(
+        "(the folder x does not exist; create it first)"
+    )
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_full_disk_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     code, line = one_error_line(
