@@ -21,11 +21,14 @@ from .compare import load_side_file, load_trace_file, print_comparison
 from .options import (
     PHASE_CHOICES,
     ROOT_LABEL,
+    Output,
     RunOptions,
     UsageError,
+    View,
+    check_format,
     cli_option,
     exec_option,
-    view_options,
+    grouped,
 )
 from .outputs import console as _console
 from .outputs import emit_page as _emit
@@ -118,6 +121,11 @@ PROFILE_OPT = typer.Option(
     help="Also run under torch.profiler and write its Chrome trace here (hooks as ranges).",
 )
 TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
+# the View and Output groups' options (options.grouped): one declaration for run, exec and render
+grouped_options = grouped(
+    dict(format=FORMAT_OPT, output=OUTPUT_OPT, check=CHECK_OPT, quiet=QUIET_OPT, depth=DEPTH_OPT,
+         module=MODULE_OPT, phase=PHASE_OPT, expand=EXPAND_OPT, all_surprises=ALL_SURPRISES_OPT)
+)  # fmt: skip
 
 
 def _safe(message: str) -> str:
@@ -216,6 +224,7 @@ def _rank_files_note(output: str, nproc: int) -> str:
 
 
 @app.command()
+@grouped_options
 def run(
     target: str = TARGET_ARG,
     input: List[str] = cli_option("input_shapes", []),
@@ -226,10 +235,7 @@ def run(
     warmup: int = cli_option("warmup", 0, min=0),
     optimizer: Optional[str] = cli_option("optimizer"),  # not a kind: an option
     shapes: bool = cli_option("shapes", False),
-    format: Optional[str] = FORMAT_OPT,
-    output: Optional[Path] = OUTPUT_OPT,
-    check: Optional[Path] = CHECK_OPT,
-    quiet: bool = QUIET_OPT,
+    out: Output = Output(),
     nproc: Optional[int] = typer.Option(
         None, "--nproc", metavar="N", min=1, help="Ranks to launch (one trace each)."
     ),
@@ -237,11 +243,7 @@ def run(
         None, "--rank", metavar="R", min=0, help="With --nproc: the rank to show."
     ),
     timeout: Optional[float] = cli_option("timeout", None),
-    depth: Optional[int] = DEPTH_OPT,
-    module: Optional[str] = MODULE_OPT,
-    phase: Optional[str] = PHASE_OPT,
-    expand: bool = EXPAND_OPT,
-    all_surprises: bool = ALL_SURPRISES_OPT,
+    shown: View = View(),
     profile: Optional[Path] = PROFILE_OPT,
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
@@ -258,13 +260,10 @@ def run(
             timeout=timeout,
             shapes=shapes,
         ).check()
-        view = view_options(depth, module, phase, expand, all_surprises)
-        if format is not None and format not in FORMATS:
-            raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+        view = shown.given()
+        format, output, check, quiet = out.checked(FORMATS).astuple()
         if nproc is None and (rank is not None or timeout is not None):
             raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
-        if quiet and check is None:
-            raise UsageError("-q goes with --check GOLDEN; add --check or drop -q")
         golden = load_side_file(check) if check is not None else None
         from .runs.profiling import check_profile_path, profiled
 
@@ -330,22 +329,18 @@ def hooks(
 
 
 @app.command()
+@grouped_options
 def render(
     trace_file: Path = typer.Argument(..., metavar="TRACE.json", help="A trace written by hooktrace run -o."),
     format: Optional[str] = FORMAT_OPT,
     output: Optional[Path] = OUTPUT_OPT,
-    depth: Optional[int] = DEPTH_OPT,
-    module: Optional[str] = MODULE_OPT,
-    phase: Optional[str] = PHASE_OPT,
-    expand: bool = EXPAND_OPT,
-    all_surprises: bool = ALL_SURPRISES_OPT,
+    shown: View = View(),
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Render a saved trace: the same picture as the run that made it."""
     try:
-        view = view_options(depth, module, phase, expand, all_surprises)
-        if format is not None and format not in FORMATS:
-            raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
+        view = shown.given()
+        check_format(format, FORMATS)
         _output(load_trace_file(trace_file), format, output, view)
     except UsageError as exc:
         _fail(exc, traceback)
@@ -391,6 +386,7 @@ def _command_path(group: Any, args: List[str], ctx: Any) -> str:
 
 
 @app.command(name="exec", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
+@grouped_options
 def exec_(
     script: Optional[List[str]] = typer.Argument(
         None,
@@ -408,26 +404,16 @@ def exec_(
     nproc: Optional[int] = typer.Option(
         None, "--nproc", metavar="N", min=1, help="Ranks to launch through PyTorch's elastic launcher."
     ),
-    format: Optional[str] = FORMAT_OPT,
-    output: Optional[Path] = OUTPUT_OPT,
-    check: Optional[Path] = CHECK_OPT,
-    quiet: bool = QUIET_OPT,
-    depth: Optional[int] = DEPTH_OPT,
-    module: Optional[str] = MODULE_OPT,
-    phase: Optional[str] = PHASE_OPT,
-    expand: bool = EXPAND_OPT,
-    all_surprises: bool = ALL_SURPRISES_OPT,
+    out: Output = Output(),
+    shown: View = View(),
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Run SCRIPT.py (or -m MODULE) as python would; trace the hooks of a window of its steps."""
     from . import script_commands as sc
 
     try:
-        if quiet and check is None:
-            raise UsageError("-q goes with --check GOLDEN; add --check or drop -q")
-        if format is not None and format not in FORMATS:
-            raise UsageError(f"unknown --format {format!r}; use one of {', '.join(FORMATS)}")
-        view = view_options(depth, module, phase, expand, all_surprises)
+        format, output, check, quiet = out.checked(FORMATS).astuple()
+        view = shown.given()
         target, options = sc.exec_target(script, as_module, start, steps, step_on, keep_running, shapes)
         golden = load_side_file(check) if check is not None else None
         if nproc is not None:

@@ -1,5 +1,6 @@
 """Run options, declared once: the `run` command's flags and what rank workers get come from here;
-and the view options that `run` and `render` share (`view_options`, `module_path`).
+and the view and output options that `run`, `exec` and `render` share (`View`, `Output`, `grouped`,
+`module_path`).
 
 `RunOptions` holds every option of one run (one process, or each rank of `--nproc`). `check()`
 validates them without importing torch, so a bad value fails before the (slow) factory runs.
@@ -10,11 +11,14 @@ typer declaration of a flag; rank workers receive the same `RunOptions` as JSON 
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import math
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Optional, get_type_hints
 
 from .kinds import PHASES, ROOT
 
@@ -204,7 +208,81 @@ def cli_option(name: str, default: Any = None, **typer_args: Any) -> Any:
     return typer.Option(default, *flag.names, metavar=flag.metavar, help=flag.help, **typer_args)
 
 
-# -- view options (run and render) ----------------------------------------------------------------
+# -- view and output options (run, exec, render), declared once -------------------------------------
+
+
+@dataclass(frozen=True)
+class View:
+    """The tree's view options, as `run`, `exec` and `render` take them."""
+
+    depth: Optional[int] = None
+    module: Optional[str] = None
+    phase: Optional[str] = None
+    expand: bool = False
+    all_surprises: bool = False
+
+    def given(self) -> dict[str, Any]:
+        """The options given (UsageError for an unknown --phase), as `view_options`."""
+        return view_options(self.depth, self.module, self.phase, self.expand, self.all_surprises)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a traced run's picture goes and what it is checked against: `run` and `exec`."""
+
+    format: Optional[str] = None
+    output: Optional[Path] = None
+    check: Optional[Path] = None
+    quiet: bool = False
+
+    def checked(self, formats: tuple[str, ...]) -> Output:
+        """Self, or UsageError for `-q` without `--check` or an unknown `--format`."""
+        if self.quiet and self.check is None:
+            raise UsageError("-q goes with --check GOLDEN; add --check or drop -q")
+        check_format(self.format, formats)
+        return self
+
+    def astuple(self) -> tuple[Optional[str], Optional[Path], Optional[Path], bool]:
+        return self.format, self.output, self.check, self.quiet
+
+
+def check_format(fmt: Optional[str], formats: tuple[str, ...]) -> None:
+    if fmt is not None and fmt not in formats:
+        raise UsageError(f"unknown --format {fmt!r}; use one of {', '.join(formats)}")
+
+
+GROUPS = (View, Output)
+
+
+def grouped(declared: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator for typer commands: each parameter annotated `View` or `Output` stands for the
+    group's fields, declared as typer options (`declared[field name]`) in its place (so `--help`
+    keeps their order); the command is called with one value of the group."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        params: list[inspect.Parameter] = []
+        groups: dict[str, Any] = {}
+        for param in signature.parameters.values():
+            if param.annotation not in GROUPS:
+                params.append(param)
+                continue
+            groups[param.name] = param.annotation
+            hints = get_type_hints(param.annotation)
+            for f in fields(param.annotation):
+                params.append(param.replace(name=f.name, annotation=hints[f.name], default=declared[f.name]))
+
+        @functools.wraps(command)
+        def run_command(**given: Any) -> Any:
+            for name, group in groups.items():
+                given[name] = group(**{f.name: given.pop(f.name) for f in fields(group)})
+            return command(**given)
+
+        run_command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        run_command.__annotations__ = {p.name: p.annotation for p in params}
+        return run_command
+
+    return decorate
 
 
 def view_options(
