@@ -97,7 +97,9 @@ FLAGS: dict[str, Flag] = {
 EXEC_FLAGS: dict[str, Flag] = {
     # `-s`: under torchrun, whose parser takes `--start` for an abbreviation of its `--start-method`
     "start": Flag(
-        ("--start", "-s"), "Steps to run untraced before the window opens (-s under torchrun).", "K"
+        ("--start", "-s"),
+        "Steps to run untraced before the window opens, as run --warmup (-s under torchrun).",
+        "K",
     ),
     "steps": Flag(("--steps",), "Steps traced in the window.", "N"),
     "step_on": Flag(

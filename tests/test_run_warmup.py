@@ -264,3 +264,32 @@ def test_warmup_goes_to_every_rank_in_the_options_they_receive() -> None:
     sent = _plain(RunOptions(steps=2, warmup=3))
     assert sent["warmup"] == 3
     assert RunOptions(**json.loads(json.dumps(sent))).warmup == 3
+
+
+def test_exec_start_sees_node_hooks_registered_before_its_window(tmp_path: Any) -> None:
+    """`exec --start K` is the same untraced stretch: a hook on an AccumulateGrad node registered
+    before the window (as FSDP1 and DeepSpeed do) is traced in it, with where it was registered."""
+    from hooktrace.runs.script import ExecOptions, Script, run_script
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(3, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "acc = model.weight.view_as(model.weight).grad_fn.next_functions[0][0]\n"
+        "calls = []\n"
+        "def on_acc(*args):\n"
+        "    calls.append(1)\n"
+        "acc.register_hook(on_acc)\n"
+        "for _ in range(3):\n"
+        "    model(torch.randn(4, 3)).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+    )
+    result = run_script(Script(path=str(script)), ExecOptions(start=1, steps=1), lambda r: None)
+    trace = result.trace
+    (hook,) = [h for h in trace.hooks if h.name == "on_acc"]
+    assert (hook.scope, hook.kind, hook.tensor) == ("node", "node", "weight")
+    assert (hook.registered_at or "").endswith("train.py:8")
+    assert [e.hook for e in trace.hook_events()] == [hook.id]  # its one call in the traced step
+    assert trace.meta.warmup == 1
