@@ -54,6 +54,24 @@ def gloo_one_rank() -> Iterator[None]:
     dist.destroy_process_group()
 
 
+@pytest.fixture
+def no_global_hooks() -> Iterator[None]:
+    """Global hooks other tests left behind would make torch.compile(m) warn (and fire them twice):
+    the test starts without any; they are back after it, and dynamo's caches are reset."""
+    import torch._dynamo
+    import torch.nn.modules.module as nn_module
+
+    saved = {
+        n: dict(d) for n, d in vars(nn_module).items() if n.startswith("_global_") and isinstance(d, dict)
+    }
+    for name in saved:
+        getattr(nn_module, name).clear()
+    yield
+    for name, entries in saved.items():
+        getattr(nn_module, name).update(entries)
+    torch._dynamo.reset()
+
+
 @pytest.fixture(autouse=True)
 def _global_module_hooks_kept_per_test():
     """A factory or script run in-process by the CLI tests registers global module hooks it never

@@ -17,7 +17,6 @@ from typing import Any, Callable
 
 import pytest
 import torch
-import torch.nn.modules.module as nn_module
 from torch import nn
 
 import hooktrace
@@ -162,20 +161,6 @@ def _run(setup: Setup, how: str, fullgraph: bool, traced: bool, own_frames: bool
     )
     seen["record"] = r
     return seen
-
-
-@pytest.fixture
-def no_global_hooks() -> Any:
-    """Global hooks other tests left behind would make torch.compile(m) warn (and fire them twice)."""
-    saved = {
-        n: dict(d) for n, d in vars(nn_module).items() if n.startswith("_global_") and isinstance(d, dict)
-    }
-    for name in saved:
-        getattr(nn_module, name).clear()
-    yield
-    for name, entries in saved.items():
-        getattr(nn_module, name).update(entries)
-    dynamo.reset()
 
 
 def _compare(setup: str, how: str, fullgraph: bool, own_frames: bool) -> None:

@@ -283,19 +283,6 @@ def test_another_tool_wrapping_the_dicts_inside_the_forward() -> None:
     assert fired(trace).count("logged_fwd") == 2
 
 
-@pytest.fixture
-def no_global_hooks() -> Any:
-    """Global hooks other tests left behind would make torch.compile(m) warn (and fire them twice)."""
-    saved = {
-        n: dict(d) for n, d in vars(nn_module).items() if n.startswith("_global_") and isinstance(d, dict)
-    }
-    for name in saved:
-        getattr(nn_module, name).clear()
-    yield
-    for name, entries in saved.items():
-        getattr(nn_module, name).update(entries)
-
-
 # -- torch.compile --------------------------------------------------------------------------
 def test_torch_compile_fullgraph_with_hooks_is_unchanged_and_marked(no_global_hooks: None) -> None:
     torch._dynamo.reset()
