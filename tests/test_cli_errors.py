@@ -258,6 +258,7 @@ def test_a_signal_ends_the_run_with_the_partial_trace_written(tmp_path: Path, si
     proc = subprocess.Popen(
         [sys.executable, "-m", "hooktrace", "run", str(target), "-o", str(out)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),  # a background job starts with SIGINT ignored
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not started.exists() and proc.poll() is None and time.monotonic() < deadline:

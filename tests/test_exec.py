@@ -7,6 +7,7 @@ with that record, restricted to the window's steps.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -244,6 +245,7 @@ def test_a_signal_stops_the_script_with_the_partial_trace(tmp_path, name, code):
     done = subprocess.run(
         [sys.executable, "-m", "hooktrace", "exec", "--steps", "5", "-o", str(tmp_path / "t.json"), "signals.py", name],
         cwd=SCRIPTS, capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: signal.signal(getattr(signal, name), signal.SIG_DFL),  # even under nohup / a job
     )  # fmt: skip
     assert done.returncode == code, done.stderr
     assert "not stopped" not in done.stdout

@@ -241,10 +241,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _default_stop_signals() -> None:
+    """In the child: the stop signals as a terminal gives them (the suite may run under `nohup`, whose
+    ignored SIGHUP a launcher keeps by design: then it would not end on the SIGHUP sent here)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _hooktrace(*args: str, env: dict[str, str]) -> subprocess.Popen:
     script = Path(sys.executable).with_name("hooktrace")
     return subprocess.Popen(
-        [str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_default_stop_signals,
     )
 
 
@@ -263,7 +275,7 @@ def test_a_signal_to_run_nproc_stops_every_rank_and_writes_the_partial_traces(
     marks = hanging.parent / "marks"
     out = hanging.parent / "out" / "sig.json"
     out.parent.mkdir()
-    env = dict(os.environ, HANG_RANKS=",".join(str(r) for r in range(nproc)))
+    env = dict(os.environ, HANG_RANKS=",".join(str(r) for r in range(nproc)), PYTHONFAULTHANDLER="1")
     proc = _hooktrace("run", str(hanging), "--nproc", str(nproc), "-o", str(out), "--timeout", "600", env=env)
     deadline = time.monotonic() + 240
     while len(list(marks.iterdir())) < nproc and proc.poll() is None and time.monotonic() < deadline:
@@ -273,9 +285,15 @@ def test_a_signal_to_run_nproc_stops_every_rank_and_writes_the_partial_traces(
     proc.send_signal(sig)
     try:
         stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"the launcher did not end within 120 s of its {sig.name}: {proc.communicate()}")
+    except subprocess.TimeoutExpired:  # where it is stuck: faulthandler (PYTHONFAULTHANDLER) on SIGABRT
+        ranks = subprocess.run(
+            ["ps", "-o", "pid,stat,etime,args", "--ppid", str(proc.pid)], capture_output=True
+        )
+        proc.send_signal(signal.SIGABRT)
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(
+            f"the launcher did not end within 120 s of its {sig.name}:\n{ranks.stdout.decode()}\n{stdout}\n{stderr}"
+        )
     assert proc.returncode == code, stdout + stderr
     assert not any(_alive(pid) for pid in pids)  # every rank ended with the launcher
     assert _no_run_folders(hanging.parent / "tmp") == []
