@@ -35,6 +35,7 @@ from capture_rows import (  # noqa: E402
     bench_transformer,
 )
 from common import Row, machine, not_measurable, table  # noqa: E402
+from shapes_rows import bench_shapes  # noqa: E402
 
 
 def synthetic_trace(n_events: int) -> Any:
@@ -433,6 +434,7 @@ BENCHES: dict[str, Callable[..., list[Row]]] = {
     "render": bench_render,
     "exec": bench_exec,
     "exec_in_process": bench_exec_in_process,
+    "shapes": bench_shapes,
 }
 NEEDS_TMP = {"save_load", "cli", "exec", "exec_in_process"}
 GROUPS = {
@@ -446,6 +448,7 @@ GROUPS = {
     "render": ("render_tree", "render_svg"),
     "exec": ("exec_untraced_steps",),
     "exec_in_process": ("exec_untraced_in_process",),
+    "shapes": ("shapes_shim", "hook_heavy_shapes", "transformer_shapes"),
 }
 
 

@@ -33,6 +33,9 @@ ROWS = {
     "exec_untraced_steps",
     "render_tree",
     "render_svg",
+    "shapes_shim",
+    "hook_heavy_shapes",
+    "transformer_shapes",
 }
 
 

@@ -55,11 +55,14 @@ _DTYPES = {
 _SHORT = {"float": "f", "bfloat": "bf", "int": "i", "uint": "u", "complex": "c"}
 _WORDS = re.compile(r"^(bfloat|float|uint|int|complex)(?=\d)")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # described without a class name
+_TENSOR, _PARAMETER = _PLAIN
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.]")
 _UNSAFE_SIZE = re.compile(r"[^A-Za-z0-9_*+-]")  # symbolic sizes: `j1`, `s0`, `2*s0`
 _UNSAFE_DEVICE = re.compile(r"[^A-Za-z0-9_:]")
 _SIZES = re.compile(r"[0-9,]*")
 _devices: dict[Any, str] = {}
+_texts: dict[tuple, str] = {}  # (class, shape, dtype, device, layout) -> text
+_MAX_TEXTS = 4096
 _names: dict[type, str] = {}
 NOT_GIVEN: Any = object()  # what a shim's positional parameter holds when PyTorch did not pass it
 
@@ -103,15 +106,31 @@ def tensor(t: Any) -> str:
     """`f32[8,16] cpu` (see the module docstring); the type's name when its metadata cannot be read."""
     cls = type(t)
     if cls in _PLAIN:
-        return _tensor(t, "")
+        return _tensor(t, cls)
     try:
         with torch._C.DisableTorchFunctionSubclass():
-            return _tensor(t, type_name(cls) + " ")
+            return _tensor(t, cls)
     except Exception:  # noqa: BLE001 - a subclass's metadata may raise anything: its name then
         return type_name(cls)
 
 
-def _tensor(t: Any, prefix: str) -> str:
+def _tensor(t: Any, cls: type) -> str:
+    """The text of a tensor, looked up by what it is made of: a step's tensors repeat their shapes."""
+    try:
+        key = (cls, t.shape, t.dtype, t.device, t.layout)
+        text = _texts.get(key)
+    except Exception:  # noqa: BLE001 - no sizes (a strided nested tensor), unhashable symbolic sizes
+        return _uncached(t, cls)
+    if text is None:
+        text = _uncached(t, cls)
+        if len(_texts) >= _MAX_TEXTS:
+            _texts.clear()
+        _texts[key] = text
+    return text
+
+
+def _uncached(t: Any, cls: type) -> str:
+    prefix = "" if cls in _PLAIN else type_name(cls) + " "
     try:
         layout = t.layout
         if layout is torch.strided:
@@ -120,30 +139,37 @@ def _tensor(t: Any, prefix: str) -> str:
         where = f"{_safe(str(layout).removeprefix('torch.'))} {_device(t.device)}"
         return f"{prefix}{dtype_code(t.dtype)}[{_sizes(t.shape)}] {where}"
     except Exception:  # noqa: BLE001
-        return prefix.strip() or type_name(type(t))
+        return type_name(cls)
 
 
-def value(x: Any, depth: int = 0) -> str:
-    """One object: a tensor, None, a container of them (kept short), else its type's name."""
+def value(x: Any, depth: int = 1) -> str:
+    """One object: a tensor, None, a container of them (kept short), else its type's name. `depth`:
+    how deep it is (a hook's argument is 1); containers at MAX_DEPTH show as `(…)`."""
     cls = type(x)
-    if cls in _PLAIN:
-        return _tensor(x, "")
+    if cls is _TENSOR or cls is _PARAMETER:
+        return _tensor(x, cls)
     if x is None:
         return "None"
+    if cls is tuple or cls is list:  # PyTorch's own arguments: sliced in C
+        if depth >= MAX_DEPTH:
+            return "(…)" if cls is tuple else "[…]"
+        n = len(x)
+        if n > MAX_ITEMS:
+            inner = ", ".join([value(v, depth + 1) for v in x[:MAX_ITEMS]]) + f", …+{n - MAX_ITEMS}"
+        elif n == 1:
+            return f"[{value(x[0], depth + 1)}]" if cls is list else f"({value(x[0], depth + 1)},)"
+        else:
+            inner = ", ".join([value(v, depth + 1) for v in x])
+        return f"[{inner}]" if cls is list else f"({inner})"
     if isinstance(x, torch.Tensor):
         return tensor(x)
-    if isinstance(x, (tuple, list)):
+    if isinstance(x, (tuple, list)):  # a namedtuple, torch.Size, a list subclass
         if depth >= MAX_DEPTH:
-            return "(…)" if isinstance(x, tuple) else "[…]"
+            return f"{type_name(cls)}(…)"
         items = [value(v, depth + 1) for v in islice(x, MAX_ITEMS)]
         if len(x) > MAX_ITEMS:
             items.append(f"…+{len(x) - MAX_ITEMS}")
-        inner = ", ".join(items)
-        if cls is list:
-            return f"[{inner}]"
-        if cls is tuple:
-            return f"({inner},)" if len(x) == 1 else f"({inner})"
-        return f"{type_name(cls)}({inner})"  # a namedtuple, torch.Size, ...
+        return f"{type_name(cls)}({', '.join(items)})"
     if isinstance(x, dict):
         if depth >= MAX_DEPTH:
             return "{…}"
@@ -158,17 +184,29 @@ def _key(k: Any) -> str:
     return _safe(k) if isinstance(k, str) else type_name(type(k))
 
 
+def positional(kind: str, a: Any, b: Any, c: Any, d: Any, more: tuple) -> str:
+    """`call` for a positional shim's parameters (those PyTorch did not fill hold NOT_GIVEN)."""
+    if b is NOT_GIVEN:
+        return call(kind, (a,))
+    if c is NOT_GIVEN:
+        return call(kind, (a, b))
+    if d is NOT_GIVEN:
+        return call(kind, (a, b, c))
+    return call(kind, (a, b, c, d, *more))
+
+
 def call(kind: str, args: tuple, kwargs: Optional[dict] = None) -> str:
     """What a hook of `kind` received: its arguments, the module or optimizer left out; `()` for none."""
     try:
-        if args and args[-1] is NOT_GIVEN:
-            args = tuple(a for a in args if a is not NOT_GIVEN)
         if kind in OWNER_FIRST:
             args = args[1:]
-        parts = [value(a, 1) for a in args]
+        text = ", ".join(map(value, args))
         if kwargs:
-            parts += [f"{_safe(k)}={value(v, 1)}" for k, v in kwargs.items()]
-        return _cut(", ".join(parts) if parts else "()")
+            named = ", ".join([f"{_safe(k)}={value(v)}" for k, v in kwargs.items()])
+            text = f"{text}, {named}" if text else named
+        if not text:
+            return "()"
+        return text if len(text) <= MAX_TEXT else _cut(text)
     except Exception:  # noqa: BLE001 - an object that raises when looked at: never the hook's problem
         return "?"
 
@@ -178,7 +216,7 @@ def returned(result: Any) -> Optional[str]:
     if result is None:
         return None
     try:
-        return _cut(value(result, 1))
+        return _cut(value(result))
     except Exception:  # noqa: BLE001
         return "?"
 

@@ -132,9 +132,9 @@ def _compile(source: str, filename: str) -> Any:
 # (seq, received, returned) tuple per call goes to `Recorder.shapes` (capture/shapes.py describes).
 # Without it, the shims are the same code as ever: no test per call.
 _SHAPES_LINES = {
-    "received": "        received = describe_call(kind, {args})\n",
+    "received": "        received = {args}\n",
     "raised": "            note((seq, received, None))\n",
-    "returned": "        note((seq, received, describe_returned(result)))\n",
+    "returned": "        note((seq, received, None if result is None else describe_returned(result)))\n",
 }
 
 
@@ -158,7 +158,7 @@ _POSITIONAL_CODES = {
         call=_POSITIONAL_CALL.format(usual=test, usual_args=args),
         first="(module_ids.get(i := id(a)) or i)",
         given="a, b, c, d",
-        args="(a, b, c, d, *more)",
+        args="describe_positional(kind, a, b, c, d, more)",
     )
     for n, (test, args) in _USUAL.items()
 }
@@ -168,7 +168,7 @@ _GENERIC_CODE = _variants(
     call=_GENERIC_CALL,
     first="((module_ids.get(i := id(args[0])) or i) if args else None)",
     given="*args",
-    args="args, kwargs",
+    args="describe_call(kind, args, kwargs)",
 )
 _MISSING = describe.NOT_GIVEN
 
@@ -219,6 +219,7 @@ class Recorder:
             "ranged": ranged,
             "note": self.shapes.append if shapes else None,
             "describe_call": describe.call,
+            "describe_positional": describe.positional,
             "describe_returned": describe.returned,
         }
         self._factories: dict[Optional[int], Callable[..., Any]] = {}  # by arity; None: generic

@@ -311,6 +311,7 @@
     if (m.dur[ei]) span(row, "dim", "  " + fmtNs(m.dur[ei]));
     if (h && h.defined_at) span(row, "dim", "  " + m.location(h.defined_at));
     if (m.error[ei] !== null && m.error[ei] !== undefined) span(row, "err", "  error: " + S(m.error[ei]));
+    if (m.shapes[ei] !== null && m.shapes[ei] !== undefined) { span(row, "shapes", "  " + S(m.shapes[ei])); row.title = S(m.shapes[ei]); }
   };
   Pane.prototype.onClick = function (ev) {
     const tog = ev.target.closest("[data-toggle]");
