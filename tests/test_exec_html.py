@@ -82,7 +82,11 @@ def test_exec_report_of_a_training_script_in_the_browser(driver: Any, tmp_path: 
     assert any("first_pre" in r and "prepend" in r for r in rows), "the prepend seen at registration"
     assert any("global_pre" in r and "global" in r for r in rows)
     driver.execute_script("const t = document.querySelector('.tree'); t.scrollTop = t.scrollHeight")
-    rows = _rows(driver)  # the tree draws the rows in view: its end now
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # the tree draws the rows in view, on its scroll event: wait for its end (a loaded machine is slow)
+    WebDriverWait(driver, 20).until(lambda d: any(r.lstrip("▸▾").startswith("optimizer") for r in _rows(d)))
+    rows = _rows(driver)
     assert any(r.lstrip("▸▾").startswith("optimizer") for r in rows), "the optimizer phase"
     assert any("after_step" in r for r in rows), "the optimizer's step hook (under the LR scheduler)"
 
