@@ -26,6 +26,8 @@ from hooktrace.capture import shapes as describe
 from hooktrace.cli import main
 from hooktrace.validate import from_dict
 
+pytest_plugins = ["pytester"]
+
 # The test's own dtype words (not hooktrace's table).
 CODES = {
     torch.float32: "f32",
@@ -354,6 +356,14 @@ def test_order_files_never_hold_shapes(traced) -> None:
     assert "f32" not in order_text(traced[1]) and "cpu" not in order_text(traced[1])
 
 
+def test_chrome_trace_events_carry_them_in_their_args(traced) -> None:
+    from hooktrace.render.chrome import chrome_trace
+
+    _, trace = traced
+    hooks = [e for e in chrome_trace(trace)["traceEvents"] if e.get("ph") == "X" and "hook" in e["args"]]
+    assert hooks and all(e["args"]["shapes"] == trace.events[e["args"]["seq"]].shapes for e in hooks)
+
+
 def test_the_html_report_carries_them_for_the_details_pane(traced) -> None:
     from hooktrace.render.html import html_report
 
@@ -546,3 +556,23 @@ def test_the_html_details_pane_shows_the_selected_calls_shapes(traced, tmp_path:
         assert "shapes (None,), (f32[8,4] cpu,)" in details
         driver.execute_script("document.querySelector('.details').scrollIntoView()")
         driver.save_screenshot(str(tmp_path / "details.png"))
+
+
+def test_the_hook_order_fixture_takes_shapes_and_its_snapshot_holds_none(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_model="""
+        import torch
+
+        def test_model(hook_order):
+            model = torch.nn.Linear(3, 2)
+            model.register_forward_hook(lambda m, args, out: None)
+            with hook_order(model, shapes=True) as session:
+                model(torch.randn(4, 3))
+            assert [e.shapes for e in session.trace.hook_events()] == ["(f32[4,3] cpu,), f32[4,2] cpu"]
+        """
+    )
+    plugin = ("-p", "hooktrace.pytest_plugin")
+    pytester.runpytest(*plugin, "--hooktrace-update").assert_outcomes(passed=1)
+    snapshot = (pytester.path / "__hooktrace__/test_model/test_model.txt").read_text(encoding="utf-8")
+    assert "forward" in snapshot and "f32" not in snapshot and "cpu" not in snapshot
+    pytester.runpytest(*plugin).assert_outcomes(passed=1)

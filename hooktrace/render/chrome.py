@@ -51,6 +51,8 @@ def _hook_event(e: Event, h: Optional[Hook], pid: int, tid: int) -> dict[str, An
             registered_at=h.registered_at,
         )
     args.update(returned=e.returned, error=e.error, thread=e.thread)
+    if e.shapes is not None:  # traced with --shapes: what the hook received and returned
+        args["shapes"] = e.shapes
     return {
         "name": name,
         "cat": e.phase,
