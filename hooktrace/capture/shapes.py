@@ -62,6 +62,7 @@ _UNSAFE_DEVICE = re.compile(r"[^A-Za-z0-9_:]")
 _SIZES = re.compile(r"[0-9,]*")
 _devices: dict[Any, str] = {}
 _texts: dict[tuple, str] = {}  # (class, shape, dtype, device, layout) -> text
+_interned: dict[str, str] = {}  # a hook call's text -> the one object of it
 _MAX_TEXTS = 4096
 _names: dict[type, str] = {}
 NOT_GIVEN: Any = object()  # what a shim's positional parameter holds when PyTorch did not pass it
@@ -206,7 +207,10 @@ def call(kind: str, args: tuple, kwargs: Optional[dict] = None) -> str:
             text = f"{text}, {named}" if text else named
         if not text:
             return "()"
-        return text if len(text) <= MAX_TEXT else _cut(text)
+        if len(text) > MAX_TEXT:
+            text = _cut(text)
+        # one string object per distinct text: a step's calls repeat theirs, and records keep them
+        return _interned.setdefault(text, text) if len(_interned) < _MAX_TEXTS else text
     except Exception:  # noqa: BLE001 - an object that raises when looked at: never the hook's problem
         return "?"
 
@@ -216,7 +220,8 @@ def returned(result: Any) -> Optional[str]:
     if result is None:
         return None
     try:
-        return _cut(value(result))
+        text = _cut(value(result))
+        return _interned.setdefault(text, text) if len(_interned) < _MAX_TEXTS else text
     except Exception:  # noqa: BLE001
         return "?"
 
