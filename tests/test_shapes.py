@@ -331,6 +331,23 @@ def test_the_tree_shows_them_under_each_hook_within_80_columns(traced) -> None:
     assert "(None,), (f32[8,4] cpu,)" in "\n".join(lines[at + 1 : at + 3])
 
 
+def test_a_long_kwargs_dict_wraps_inside_at_80_columns() -> None:
+    from hooktrace.render.tree import tree_text
+
+    lin = nn.Linear(3, 3)
+    lin.register_forward_pre_hook(lambda m, args, kwargs: None, with_kwargs=True)
+    lin.forward = lambda x, **kw: x  # noqa: E731 - a forward that takes keywords
+    named = {f"argument_number_{i}": torch.zeros(2, 3) for i in range(6)}
+    with hooktrace.trace(lin, shapes=True) as t:
+        lin(torch.zeros(2, 3), **named)
+    lines = tree_text(t, width=80).splitlines()
+    at = next(i for i, line in enumerate(lines) if "forward_pre" in line)
+    below = [line for line in lines[at + 1 :] if "argument_number_" in line]
+    assert len(below) >= 3 and max(map(len, lines)) <= 80
+    starts = {len(line) - len(line.lstrip(" │├└─")) for line in below}
+    assert len(starts) == 1, below  # every wrapped line indented alike
+
+
 def test_a_long_text_wraps_between_arguments_at_80_columns() -> None:
     from hooktrace.render.tree import tree_text
 
@@ -494,7 +511,8 @@ def test_tensors_of_every_sort() -> None:
 def test_containers_are_kept_short_and_names_safe() -> None:
     value = describe.value
     x = torch.zeros(1)
-    assert value([x] * 6) == "[f32[1] cpu, f32[1] cpu, f32[1] cpu, f32[1] cpu, …+2]"
+    assert value([x] * 10) == "[" + "f32[1] cpu, " * 8 + "…+2]"  # what a hook got itself: 8 items
+    assert value(([x] * 6,)) == "([f32[1] cpu, f32[1] cpu, f32[1] cpu, f32[1] cpu, …+2],)"  # inside: 4
     assert value({"a": x, 3: None, "b": 1.5}) == "{a: f32[1] cpu, int: None, b: float}"
     assert value(((((x,),),),)) == "(((…),),)"  # a hook's argument is depth 1: three levels shown
     weird = type("Name\x1b[31m\u202e", (), {})()

@@ -12,8 +12,8 @@ non-strided layout follows the shape (`f32[3,4] sparse_coo cpu`); a tensor subcl
 Parameter is prefixed with its class name (`DTensor f32[8,16] cpu`). Only `.dtype`, `.shape`,
 `.layout` and `.device` are read, with a subclass's `__torch_function__` off: no data, no sync, no
 hook. What cannot be read (a strided nested tensor has no sizes) falls back to the type's name.
-Tuples, lists and dicts keep their brackets; after 4 items the rest is `…+N`; 3 levels deep,
-`…`. Other objects are their type's name; None is `None`. The text holds only letters, digits,
+Tuples, lists and dicts keep their brackets; after 8 items (4 inside another container) the rest
+is `…+N`; 3 levels deep, `…`. Other objects are their type's name; None is `None`. The text holds only letters, digits,
 `_ . , : = [ ] ( ) { } - > + …` and spaces: a type name or a dict key with any other character
 shows `?` there (names from user code never carry control characters into the trace).
 """
@@ -28,7 +28,8 @@ import torch
 
 from .. import kinds
 
-MAX_ITEMS = 4  # items shown of a tuple, list or dict
+MAX_ITEMS = 4  # items shown of a tuple, list or dict inside another
+MAX_ARG_ITEMS = 8  # items shown of one a hook received or returned itself (args, kwargs, grad_input)
 MAX_DEPTH = 3  # nesting levels shown
 MAX_NAME = 40  # characters of a type name or a dict key
 MAX_TEXT = 400  # characters of one hook call's text
@@ -154,9 +155,9 @@ def value(x: Any, depth: int = 1) -> str:
     if cls is tuple or cls is list:  # PyTorch's own arguments: sliced in C
         if depth >= MAX_DEPTH:
             return "(…)" if cls is tuple else "[…]"
-        n = len(x)
-        if n > MAX_ITEMS:
-            inner = ", ".join([value(v, depth + 1) for v in x[:MAX_ITEMS]]) + f", …+{n - MAX_ITEMS}"
+        n, most = len(x), MAX_ARG_ITEMS if depth == 1 else MAX_ITEMS
+        if n > most:
+            inner = ", ".join([value(v, depth + 1) for v in x[:most]]) + f", …+{n - most}"
         elif n == 1:
             return f"[{value(x[0], depth + 1)}]" if cls is list else f"({value(x[0], depth + 1)},)"
         else:
@@ -167,16 +168,18 @@ def value(x: Any, depth: int = 1) -> str:
     if isinstance(x, (tuple, list)):  # a namedtuple, torch.Size, a list subclass
         if depth >= MAX_DEPTH:
             return f"{type_name(cls)}(…)"
-        items = [value(v, depth + 1) for v in islice(x, MAX_ITEMS)]
-        if len(x) > MAX_ITEMS:
-            items.append(f"…+{len(x) - MAX_ITEMS}")
+        most = MAX_ARG_ITEMS if depth == 1 else MAX_ITEMS
+        items = [value(v, depth + 1) for v in islice(x, most)]
+        if len(x) > most:
+            items.append(f"…+{len(x) - most}")
         return f"{type_name(cls)}({', '.join(items)})"
     if isinstance(x, dict):
         if depth >= MAX_DEPTH:
             return "{…}"
-        items = [f"{_key(k)}: {value(v, depth + 1)}" for k, v in islice(x.items(), MAX_ITEMS)]
-        if len(x) > MAX_ITEMS:
-            items.append(f"…+{len(x) - MAX_ITEMS}")
+        most = MAX_ARG_ITEMS if depth == 1 else MAX_ITEMS
+        items = [f"{_key(k)}: {value(v, depth + 1)}" for k, v in islice(x.items(), most)]
+        if len(x) > most:
+            items.append(f"…+{len(x) - most}")
         return ("" if cls is dict else type_name(cls)) + "{" + ", ".join(items) + "}"
     return type_name(cls)
 

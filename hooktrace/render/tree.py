@@ -71,19 +71,14 @@ def _pack(segments: list[tuple[str, Text]], avail: int) -> Text:
 
 
 def shapes_segments(shapes: str) -> list[tuple[str, Text]]:
-    """`--shapes` text in segments that `_pack` wraps: one per top-level argument, then `-> returned`."""
+    """`--shapes` text in segments that `_pack` wraps: split after each `, ` (a tensor's own text has
+    none: `f32[2,7,32] cpu`), and before ` -> ` (what the hook returned)."""
     received, arrow, returned = safe_text(shapes).partition(" -> ")
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(received):
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if depth == 0 and received.startswith(", ", i):
-            parts.append(received[start : i + 1])
-            start = i + 2
-    parts.append(received[start:])
+    parts = received.split(", ")
+    words = [p + "," for p in parts[:-1]] + [parts[-1]]
     if arrow:
-        parts.append(f"-> {returned}")
-    return [(" " if i else "", Text((CONT if i == 0 else "") + p, style="cyan")) for i, p in enumerate(parts)]
+        words.append(f"-> {returned}")
+    return [(" " if i else "", Text((CONT if i == 0 else "") + w, style="cyan")) for i, w in enumerate(words)]
 
 
 def _fit_path(path: str, avail: int) -> str:
