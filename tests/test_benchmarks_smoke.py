@@ -31,6 +31,7 @@ ROWS = {
     "cli_diff",
     "cli_exec_help",
     "exec_untraced_steps",
+    "exec_untraced_in_process",
     "render_tree",
     "render_svg",
     "shapes_shim",
