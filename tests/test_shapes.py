@@ -594,3 +594,15 @@ def test_the_hook_order_fixture_takes_shapes_and_its_snapshot_holds_none(pyteste
     snapshot = (pytester.path / "__hooktrace__/test_model/test_model.txt").read_text(encoding="utf-8")
     assert "forward" in snapshot and "f32" not in snapshot and "cpu" not in snapshot
     pytester.runpytest(*plugin).assert_outcomes(passed=1)
+
+
+def test_a_file_s_hostile_shapes_text_reaches_no_terminal_raw(traced) -> None:
+    """Texts made by hooktrace hold safe characters only; a file may hold anything: renderers escape it."""
+    from hooktrace.render import render
+    from hooktrace.render.tree import tree_text
+
+    doc = _doc(traced)
+    doc["events"]["tables"]["shapes"][0] = "f32[1] cpu\x1b[2J\x07\u202e -> \x1b]0;title\x07"
+    trace = from_dict(doc)
+    for text in (tree_text(trace, width=80), render(trace, "chrome"), render(trace, "html")):
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
