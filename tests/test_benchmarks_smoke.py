@@ -70,3 +70,5 @@ def test_quick_benchmark_reports_every_row(tmp_path: Path) -> None:
     assert rows["memory_per_event"]["details"]["events"] >= 10_000
     assert rows["file_size"]["median"] > 0
     assert rows["cli_help"]["details"]["imports_torch"] in (True, False)
+    calls = rows["exec_untraced_in_process"]["details"]["python_calls_per_step"]
+    assert calls["plain"] > 0 and calls["exec_before_window"] >= calls["plain"], calls
