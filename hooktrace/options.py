@@ -164,22 +164,21 @@ def max_nproc() -> int:
 
 def check_steps(steps: int) -> int:
     """`--steps`: 1 to MAX_STEPS (UsageError otherwise)."""
-    if not 1 <= steps <= MAX_STEPS:
-        raise UsageError(
-            f"--steps {steps}: give 1 to {MAX_STEPS:,} (each step's events stay in memory; "
-            "hook order settles within a few steps)"
-        )
-    return steps
+    why = "(each step's events stay in memory; hook order settles within a few steps)"
+    return _count("--steps", steps, 1, MAX_STEPS, why)
 
 
 def check_warmup(warmup: int) -> int:
     """`--warmup`: 0 to MAX_WARMUP (UsageError otherwise)."""
-    if not 0 <= warmup <= MAX_WARMUP:
-        raise UsageError(
-            f"--warmup {warmup}: give 0 to {MAX_WARMUP:,} steps to run untraced first "
-            "(one or two are usually enough)"
-        )
-    return warmup
+    return _count(
+        "--warmup", warmup, 0, MAX_WARMUP, "steps to run untraced first (one or two are usually enough)"
+    )
+
+
+def _count(flag: str, value: int, low: int, high: int, why: str) -> int:
+    if not low <= value <= high:
+        raise UsageError(f"{flag} {value}: give {low} to {high:,} {why}")
+    return value
 
 
 def check_timeout(seconds: float) -> float:
