@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +23,8 @@ from hooktrace.ranks import (
     run_ranks,
 )
 from hooktrace.validate import load
+
+from .rank_factories import HOOKTRACE, hooktrace_process, one_hook_factory
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
@@ -241,25 +242,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _default_stop_signals() -> None:
-    """In the child: the stop signals as a terminal gives them (the suite may run under `nohup`, whose
-    ignored SIGHUP a launcher keeps by design: then it would not end on the SIGHUP sent here)."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def _hooktrace(*args: str, env: dict[str, str]) -> subprocess.Popen:
-    script = Path(sys.executable).with_name("hooktrace")
-    return subprocess.Popen(
-        [str(script), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=_default_stop_signals,
-    )
-
-
 @pytest.mark.parametrize(
     ("sig", "nproc", "code"),
     [
@@ -276,7 +258,9 @@ def test_a_signal_to_run_nproc_stops_every_rank_and_writes_the_partial_traces(
     out = hanging.parent / "out" / "sig.json"
     out.parent.mkdir()
     env = dict(os.environ, HANG_RANKS=",".join(str(r) for r in range(nproc)), PYTHONFAULTHANDLER="1")
-    proc = _hooktrace("run", str(hanging), "--nproc", str(nproc), "-o", str(out), "--timeout", "600", env=env)
+    proc = hooktrace_process(
+        "run", str(hanging), "--nproc", str(nproc), "-o", str(out), "--timeout", "600", env=env
+    )
     deadline = time.monotonic() + 240
     while len(list(marks.iterdir())) < nproc and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -320,7 +304,9 @@ def test_a_factory_name_that_does_not_exist_is_a_usage_error_and_keeps_earlier_t
 
 def test_timeout_zero_is_refused_before_anything_runs(tmp_path: Path) -> None:
     for value in ("0", "-1"):
-        proc = _hooktrace("run", "missing.py", "--nproc", "2", "--timeout", value, env=dict(os.environ))
+        proc = hooktrace_process(
+            "run", "missing.py", "--nproc", "2", "--timeout", value, env=dict(os.environ)
+        )
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 2
         assert stderr.splitlines() == [
@@ -328,30 +314,17 @@ def test_timeout_zero_is_refused_before_anything_runs(tmp_path: Path) -> None:
         ]
 
 
-FAILING_ALONE = """
-import os
-
-import torch
-from torch import nn
-
-
+BOOM = """
 def boom(module, args, output):
     if os.environ.get("ABORT"):
         os.abort()  # the process dies from SIGABRT: no error file, only its stderr
     raise RuntimeError("boom in a forward hook")
-
-
-def make():
-    model = nn.Linear(4, 4)
-    model.register_forward_hook(boom)
-    return model, torch.randn(2, 4)
 """
 
 
 def test_traceback_shows_each_failed_rank_s_traceback_from_its_error_file(tmp_path: Path) -> None:
-    factory = tmp_path / "failing.py"
-    factory.write_text(FAILING_ALONE)
-    proc = _hooktrace("run", str(factory), "--nproc", "1", "--traceback", env=dict(os.environ))
+    factory = one_hook_factory(tmp_path / "failing.py", BOOM, "register_forward_hook")
+    proc = hooktrace_process("run", str(factory), "--nproc", "1", "--traceback", env=dict(os.environ))
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 1, stdout + stderr
     assert (
@@ -365,8 +338,7 @@ def test_traceback_shows_each_failed_rank_s_traceback_from_its_error_file(tmp_pa
 def test_a_rank_killed_by_a_signal_died_and_its_last_words_are_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    factory = tmp_path / "failing.py"
-    factory.write_text(FAILING_ALONE)
+    factory = one_hook_factory(tmp_path / "failing.py", BOOM, "register_forward_hook")
     monkeypatch.setenv("ABORT", "1")
     result = run_ranks(str(factory), 1, out=str(tmp_path / "d.json"), timeout=60)
     (only,) = result.ranks
@@ -387,8 +359,9 @@ def test_under_a_file_size_limit_nproc_says_cannot_write_as_a_single_run_does(tm
     args = ["run", str(SAMPLES / "quickstart.py"), "-o", str(out)] + (
         ["--nproc", str(nproc)] if nproc else []
     )
-    script = Path(sys.executable).with_name("hooktrace")
-    done = subprocess.run([str(script), *args], capture_output=True, text=True, timeout=240, preexec_fn=limit)
+    done = subprocess.run(
+        [str(HOOKTRACE), *args], capture_output=True, text=True, timeout=240, preexec_fn=limit
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     written = "f.rank{r}.json" if nproc else "f.json"
     error = [line for line in done.stderr.splitlines() if line.startswith("error:")]

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hooktrace.ranks import DIED, OK, run_ranks
 from hooktrace.validate import load
+
+from .rank_factories import HOOKTRACE, one_hook_factory
 
 KILLED = """
 import os
@@ -105,7 +106,7 @@ def test_the_cli_says_which_rank_died_of_sigkill_without_a_traceback(tmp_path: P
     factory.write_text(KILLED)
     env = dict(os.environ, KILL_SIGNAL="SIGKILL")
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("hooktrace")), "run", str(factory), "--nproc", "2"],
+        [str(HOOKTRACE), "run", str(factory), "--nproc", "2"],
         capture_output=True,
         text=True,
         env=env,
@@ -117,30 +118,16 @@ def test_the_cli_says_which_rank_died_of_sigkill_without_a_traceback(tmp_path: P
     assert "first to fail: rank 1 (died): the rank's process died from SIGKILL" in proc.stdout
 
 
-HANGUP = """
-import os
-import signal
-
-import torch
-from torch import nn
-
-
+HANG_UP = """
 def hang_up(module, args):
     os.kill(os.getppid(), signal.SIGHUP)  # the launcher's terminal closes while rank 0 traces
-
-
-def make():
-    model = nn.Linear(4, 4)
-    model.register_forward_pre_hook(hang_up)
-    return model, torch.randn(2, 4)
 """
 
 
 def test_a_launcher_started_under_nohup_ignores_sighup_and_so_do_its_ranks(tmp_path: Path) -> None:
-    factory = tmp_path / "hangup.py"
-    factory.write_text(HANGUP)
+    factory = one_hook_factory(tmp_path / "hangup.py", HANG_UP, "register_forward_pre_hook")
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("hooktrace")), "run", str(factory), "--nproc", "1"],
+        [str(HOOKTRACE), "run", str(factory), "--nproc", "1"],
         capture_output=True,
         text=True,
         timeout=240,
