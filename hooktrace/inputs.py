@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from .options import RunOptions, UsageError, dtype_name, parse_shape
+from .schema import META_DEVICE
 
 RETURN_FORMS = (
     "an nn.Module, (module, inputs) or hooktrace.Target(model, inputs=..., loss=..., optimizer=...)"
@@ -99,8 +100,9 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, dtype_name(name))
 
 
-def make_inputs(shapes: Sequence[str], dtype: Any = None, seed: int = 0) -> Inputs:
-    """Seeded random tensors, one positional input per `--input` shape (CPU; moved later)."""
+def make_inputs(shapes: Sequence[str], dtype: Any = None, seed: int = 0, device: Any = None) -> Inputs:
+    """Seeded random tensors, one positional input per `--input` shape (CPU; moved later). On the
+    meta device (a dry run) they are made there: shapes without values, however large."""
     import torch
 
     dtype = dtype if dtype is not None else torch.float32
@@ -109,7 +111,9 @@ def make_inputs(shapes: Sequence[str], dtype: Any = None, seed: int = 0) -> Inpu
     for text in shapes:
         shape = parse_shape(text)
         try:
-            if dtype.is_floating_point:
+            if device is not None and torch.device(device).type == META_DEVICE:
+                args.append(torch.empty(shape, dtype=dtype, device=META_DEVICE))
+            elif dtype.is_floating_point:
                 args.append(torch.randn(shape, generator=gen).to(dtype))
             else:  # small non-negative ints: valid indices for any embedding
                 args.append(torch.randint(0, 2, shape, generator=gen).to(dtype))
@@ -136,12 +140,14 @@ def resolve_device(device: Optional[str]) -> Optional[Any]:
     import torch
 
     name = device.strip().lower()
+    if name == META_DEVICE:  # a dry run: shapes only
+        return torch.device(META_DEVICE)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(name)
     except RuntimeError:
-        raise UsageError(f"unknown --device {device!r}; use cpu, cuda, cuda:N or auto") from None
+        raise UsageError(f"unknown --device {device!r}; use cpu, cuda, cuda:N, auto or meta") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             build = "a CPU-only build of torch" if torch.version.cuda is None else "no CUDA device visible"
@@ -151,7 +157,7 @@ def resolve_device(device: Optional[str]) -> Optional[Any]:
             devices = f"{count} CUDA device{'s' if count != 1 else ''}"
             raise UsageError(f"--device {device}: only {devices} here; pick another index")
     elif dev.type != "cpu":
-        raise UsageError(f"unsupported --device {device!r}; use cpu, cuda, cuda:N or auto")
+        raise UsageError(f"unsupported --device {device!r}; use cpu, cuda, cuda:N, auto or meta")
     return dev
 
 
@@ -181,7 +187,8 @@ def model_device(model: Any) -> tuple[Any, Optional[str]]:
             )
     raise UsageError(
         "the factory returned a model whose parameters are all on the meta device (shapes, no data); "
-        "materialise it (e.g. model.to_empty(device='cpu') and load the weights) or return the real model"
+        "add --device meta for a dry run (the hook order on shapes, no values), or materialise it "
+        "(e.g. model.to_empty(device='cpu') and load the weights)"
     )
 
 
@@ -251,14 +258,17 @@ def prepare(target: Target, options: RunOptions = RunOptions()) -> Prepared:
     notes: list[str] = []
     dev = resolve_device(options.device)
     model = target.model
+    replaced: list[Any] = []
     if dev is not None:
+        before = dict(model.named_parameters())
         try:
             model = model.to(dev) or model  # nn.Module.to returns self; tolerate overrides returning None
         except NotImplementedError as exc:  # "Cannot copy out of meta tensor"
             raise UsageError(
                 f"--device {options.device}: cannot move the model ({_first_line(exc)}); "
-                "give a model whose parameters hold data, or drop --device"
+                "give a model whose parameters hold data, or use --device meta for a dry run on shapes"
             ) from exc
+        replaced = [before[n] for n, p in model.named_parameters() if n in before and before[n] is not p]
         run_device = dev
     else:
         run_device, note = model_device(model)
@@ -267,7 +277,7 @@ def prepare(target: Target, options: RunOptions = RunOptions()) -> Prepared:
     if options.input_shapes:  # explicit shapes win over inputs the factory gave
         _check_arity(model, len(options.input_shapes))
         tdtype = torch_dtype(options.dtype) if options.dtype else model_dtype(model)
-        inputs = make_inputs(options.input_shapes, tdtype)
+        inputs = make_inputs(options.input_shapes, tdtype, device=run_device)
     elif target.inputs is not None:
         inputs = target.inputs
         if options.dtype:
@@ -280,7 +290,36 @@ def prepare(target: Target, options: RunOptions = RunOptions()) -> Prepared:
         if optimizer is not None:
             notes.append(f"--optimizer {options.optimizer} used instead of the factory's optimizer")
         optimizer = make_optimizer(options.optimizer, model)
+    notes += _replaced_notes(replaced, optimizer if options.optimizer is None else None, options.device)
     return Prepared(model, inputs, target.loss, run_device, optimizer, bool(options.input_shapes), notes)
+
+
+def _replaced_notes(replaced: list[Any], optimizer: Any, device: Optional[str]) -> list[str]:
+    """Moving a model to another kind of tensor (cpu -> meta) makes new parameter objects: what
+    the factory attached to the old ones (tensor hooks, its optimizer) stays with them."""
+    if not replaced:
+        return []
+    notes = []
+    old = {id(p) for p in replaced}
+    hooked = sum(
+        len(getattr(p, "_backward_hooks", None) or {})
+        + len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+        for p in replaced
+    )
+    if hooked:
+        notes.append(
+            f"--device {device} made new parameter tensors: {hooked} hook(s) the factory registered on "
+            "parameters stay on the old ones and cannot fire; build the model on that device "
+            "(e.g. under `with torch.device(...)`) or register them after moving it"
+        )
+    groups = getattr(optimizer, "param_groups", None) or []
+    if any(id(p) in old for g in groups for p in g.get("params", ())):
+        notes.append(
+            f"--device {device} made new parameter tensors: the factory's optimizer holds the old ones, "
+            "so its step updates nothing the model uses (the step's hooks still fire); build the model "
+            "on that device, or use --optimizer"
+        )
+    return notes
 
 
 def make_optimizer(name: str, model: Any) -> Any:

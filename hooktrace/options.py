@@ -29,7 +29,7 @@ PHASE_CHOICES = PHASES
 ROOT_LABEL = ROOT  # how the tree shows the root module; `--module "<root>"` selects it
 VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
               "all_surprises": "--all-surprises"}  # fmt: skip
-_DEVICE = re.compile(r"(cpu|auto|cuda(:\d+)?)")
+_DEVICE = re.compile(r"(cpu|auto|meta|cuda(:\d+)?)")
 # Bounds of the numbers a run takes. A trace keeps every event in memory (a million events is about
 # 0.5 GB) and hook order settles within a few steps: --steps stops at ten thousand. --warmup keeps
 # nothing in memory but costs the time of a step each, and first-call work is over after one or two:
@@ -61,8 +61,9 @@ FLAGS: dict[str, Flag] = {
     "dtype": Flag(("--dtype",), "dtype of --input tensors (default: the model's).", "DTYPE"),
     "device": Flag(
         ("--device",),
-        "Move model and inputs there (auto: CUDA if any); default: inputs follow the model.",
-        "cpu|cuda|auto",
+        "Move model and inputs there (auto: CUDA if any; meta: a dry run on shapes, no values); "
+        "default: inputs follow the model.",
+        "cpu|cuda|auto|meta",
     ),
     "backward": Flag(("--no-backward",), "Run forward only."),
     "steps": Flag(("--steps",), "Iterations of forward, backward (and optimizer step).", "N"),
@@ -148,7 +149,7 @@ class RunOptions:
         if self.dtype is not None:
             dtype_name(self.dtype)
         if self.device is not None and not _DEVICE.fullmatch(self.device.strip().lower()):
-            raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N or auto")
+            raise UsageError(f"unknown --device {self.device!r}; use cpu, cuda, cuda:N, auto or meta")
         if self.optimizer is not None and self.optimizer.lower() not in OPTIMIZERS:
             raise UsageError(f"unknown --optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
         if self.timeout is not None:

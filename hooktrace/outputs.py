@@ -73,7 +73,8 @@ def output(
     if not quiet:
         from .analysis.counts import count
 
-        stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()})")
+        dry = "; dry run on meta: shapes only, no values" if trace.meta.dry_run else ""
+        stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()}{dry})")
 
 
 def write(trace: Trace, output: Path, data: Any) -> None:

@@ -29,6 +29,8 @@ PREPEND_SOURCES = ("registration", "inferred")
 # PyTorch raises this inside a checkpoint recompute to stop it early, and catches it itself: recorded
 # on the module's `exit` event, it is not an error of the run (SPEC §2).
 PYTORCH_INTERNAL_ERRORS = ("_StopRecomputationError",)
+META_DEVICE = "meta"  # `meta.device` of a dry run: shapes, no values (`run --device meta`)
+DRY_RUN_NOTE = "dry run on meta: shapes only, no values; times are not compute times"
 
 
 def is_internal_error(error: Optional[str]) -> bool:
@@ -126,6 +128,11 @@ class Meta:
     # steps that ran untraced before the traced ones: `run --warmup N` (N), `exec --start K` (K); 0
     # means the traced steps include the model's first calls; None when not known (the Python API)
     warmup: Optional[int] = None
+
+    @property
+    def dry_run(self) -> bool:
+        """The model ran on the meta device: hooks saw shapes, never values (a dry run)."""
+        return self.device == META_DEVICE or self.device.startswith(META_DEVICE + ":")
 
 
 def _record(obj: Any) -> dict[str, Any]:

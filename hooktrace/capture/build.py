@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from itertools import islice
+from itertools import chain, islice
 from operator import itemgetter
 from typing import Any, Optional
 
@@ -241,11 +241,23 @@ def to_hook(r: Record) -> Hook:
 
 
 def device_of(model: Any) -> str:
+    """`meta.device`: where the model's tensors are. "meta" (a dry run) only when every parameter
+    and buffer is on meta and no offload hook (accelerate's `_hf_hook`) brings the weights in."""
     import torch
 
-    if isinstance(model, torch.nn.Module):
-        for tensor in model.parameters():
-            return str(tensor.device)
-        for tensor in model.buffers():
-            return str(tensor.device)
-    return "cpu"
+    if not isinstance(model, torch.nn.Module):
+        return "cpu"
+    tensors = chain(model.parameters(), model.buffers())
+    first = next(tensors, None)
+    if first is None:
+        return "cpu"
+    if not first.is_meta:
+        return str(first.device)
+    real = next((t for t in tensors if not t.is_meta), None)
+    if real is not None:  # offloaded: some weights are elsewhere
+        return str(real.device)
+    for module in model.modules():
+        declared = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+        if declared is not None:
+            return str(torch.device(declared if not isinstance(declared, int) else f"cuda:{declared}"))
+    return str(first.device)

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from ..analysis.calls import in_order, pair
 from ..kinds import ENTER, GLOBAL, HOOK
-from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
+from ..schema import DRY_RUN_NOTE, FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
 from .badges import FIRST_CALL, first_call_traced, times_note
 from .safe import UNSAFE_CHARS
 
@@ -110,6 +110,8 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
         title += f" rank {trace.meta.rank}"
     if first_call_traced(trace.meta) and events:
         title += f" (step 0: {FIRST_CALL})"
+    if trace.meta.dry_run:
+        title += " (dry run on meta)"
     out: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": title}}
     ]
@@ -172,6 +174,8 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
     note = times_note(trace.meta)
     if note is not None:
         meta["times"] = note
+    if trace.meta.dry_run:
+        meta["dry_run"] = DRY_RUN_NOTE
     return {"traceEvents": chrome_events(trace), "displayTimeUnit": "ns", "otherData": meta}
 
 

@@ -26,7 +26,7 @@ from ..analysis.counts import count
 from ..kinds import FAMILIES as KIND_FAMILIES
 from ..kinds import GLOBAL as GLOBAL_SCOPE
 from ..kinds import OPTIMIZER_PHASE, RECOMPUTE, TABLE
-from ..schema import Event, Trace, is_internal_error
+from ..schema import DRY_RUN_NOTE, Event, Trace, is_internal_error
 from .badges import (
     badges,
     hook_name,
@@ -308,6 +308,8 @@ def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:
     title = f"hooktrace: {target} · {counts.phrase()}"
     if counts.steps > 1:
         title += f" in {plural(counts.steps, 'step')}"
+    if trace.meta.dry_run:
+        title += f" · {DRY_RUN_NOTE}"
     if em.surprises:
         title += f" · surprises: {', '.join(dict.fromkeys(s.rule for s in em.surprises))}"
     if em.info:

@@ -25,7 +25,7 @@ import orjson
 from ..analysis import calltree as ct
 from ..analysis.calls import calls
 from ..analysis.calltree import Node, SavedTensors
-from ..schema import Event, Trace, gc_paused
+from ..schema import DRY_RUN_NOTE, Event, Trace, gc_paused
 from .badges import times_note, title_target
 from .safe import UNSAFE_CHARS
 
@@ -169,6 +169,7 @@ def trace_data(trace: Trace, label: str = "", marks: Iterable[int] = (), note: s
         "calls": spans,
         "marks": sorted(set(marks)),
         "times": times_note(trace.meta),  # what the times include, or null
+        "dry_run": DRY_RUN_NOTE if trace.meta.dry_run else None,
     }
 
 

@@ -26,7 +26,7 @@ from ..analysis.counts import count
 from ..io import gc_paused
 from ..kinds import ENTER, HOOK, PHASES, TABLE
 from ..options import UsageError, module_path
-from ..schema import Event, Trace, is_internal_error
+from ..schema import DRY_RUN_NOTE, Event, Trace, is_internal_error
 from .badges import (
     FIRST_CALL,
     PHASE_TITLES,
@@ -290,6 +290,8 @@ class TreeView:
             yield Text(info_line(self.hidden_info), style="dim")
         if self.calltree.events:
             yield _summary(self, width)
+        if self.trace.meta.dry_run:
+            yield Text(DRY_RUN_NOTE, style="yellow")
 
 
 def _summary(view: TreeView, width: int) -> Text:

@@ -23,7 +23,7 @@ from ..kinds import BACKWARD, FORWARD, HOOK, OPTIMIZER_PHASE
 from ..options import RunOptions, UsageError
 from ..schema import Trace
 from ..target import Factory
-from .failure import describe_error, failing_event
+from .failure import describe_error, failing_event, meta_failure
 from .stop import Stopped, StopSignals
 
 
@@ -248,6 +248,8 @@ def prepared_inputs_rejected(
     if not options.input_shapes or progress.step != 0 or progress.stage != FORWARD:
         return False
     if not isinstance(exception, Exception):
+        return False
+    if trace.meta.dry_run and meta_failure(exception) is not None:  # meta's doing, not the shape's
         return False
     event = failing_event(trace, exception)
     return event is None or event.type != HOOK

@@ -1,7 +1,12 @@
-"""Naming where a traced run failed: the module path, the hook (if any) and the exception."""
+"""Naming where a traced run failed: the module path, the hook (if any) and the exception; on the
+meta device (a dry run), what needed values that meta tensors do not have."""
 
 from __future__ import annotations
 
+import os
+import re
+import traceback
+from dataclasses import dataclass
 from typing import Optional
 
 from ..kinds import EXIT, HOOK, MODULE
@@ -32,8 +37,29 @@ def failing_event(trace: Trace, exception: Optional[BaseException] = None) -> Op
 
 
 def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
-    """One line naming the module path, the hook (if any) and the exception."""
+    """One line naming the module path, the hook (if any) and the exception; in a dry run on meta,
+    also what needed real data (and where), and that the order up to it is shown."""
+    failure = meta_failure(exception) if exception is not None and trace.meta.dry_run else None
+    text = _describe_error(trace, exception, failure)
+    if failure is None:
+        return text
+    event = failing_event(trace, exception)
+    at = f" (at {failure.where})" if failure.where else ""
+    if event is not None and event.type == HOOK:
+        if failure.needs_data:
+            where = f" at {failure.where}" if failure.where else ""
+            return f"{text}; this hook needs real data, which a dry run on meta does not have ({failure.op}{where}); {SHOWN}"
+        return f"{text}; this hook calls {failure.op}, which {failure.reason} on meta{at}; {SHOWN}"
+    return f"{text}; on meta, {failure.op} {failure.reason}{at}; {SHOWN}"
+
+
+SHOWN = "the hook order up to it is shown"
+
+
+def _describe_error(trace: Trace, exception: Optional[BaseException], failure: Optional[MetaFailure]) -> str:
     exc_text = f"{type(exception).__name__}: {exception}" if exception is not None else None
+    if exception is not None and failure is not None:  # PyTorch's long explanations: the first sentence
+        exc_text = f"{type(exception).__name__}: {_first_sentence(str(exception))}"
     event = failing_event(trace, exception)
     if event is None:
         return f"the run raised {exc_text} outside any traced module or hook"
@@ -49,3 +75,77 @@ def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
         return f"{scope}{event.kind} hook {name} raised {error} in {event.phase}{of} (event #{event.seq}, step {event.step})"
     where = f"(event #{event.seq}, step {event.step})"
     return f"{_module_words(event.module)} raised {error} in {event.phase} {where}"
+
+
+# -- the meta device: what needs values ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetaFailure:
+    """Why an exception is the meta device's: `op` needed values (`needs_data`), has no meta kernel
+    or its meta kernel refused (`reason` says which); `where` is the innermost line of code outside
+    torch and hooktrace (the user's or a library's) that called it."""
+
+    op: str
+    needs_data: bool
+    reason: str
+    where: Optional[str]
+
+
+NEEDS_DATA = "needs real data"
+# (PyTorch's words for a meta tensor asked for values, the operation they name)
+_NEEDS_DATA = (
+    (re.compile(r"Tensor\.item\(\) cannot be called on meta tensors"), "Tensor.item()"),
+    (re.compile(r"Cannot copy out of meta tensor"), "a copy of values out of a meta tensor"),
+    (re.compile(r"can't convert meta device type tensor to numpy"), "Tensor.numpy()"),
+    (re.compile(r"register_meta function for (torch\.\w+)\(\) raises unimplemented"), "{0}()"),
+)
+_NO_KERNEL = re.compile(r"^([\w:.]+): attempted to run this operator with Meta tensors")
+_META_KERNELS = "_meta_registrations.py"
+
+
+def meta_failure(exception: BaseException) -> Optional[MetaFailure]:
+    """What the meta device could not do, when `exception` is its doing: an operation that needs
+    values, an operator without a meta kernel, or a meta kernel's own check; else None."""
+    if not isinstance(exception, (RuntimeError, NotImplementedError, TypeError)):
+        return None
+    message = str(exception)
+    frames = traceback.extract_tb(exception.__traceback__)
+    for pattern, op in _NEEDS_DATA:
+        found = pattern.search(message)
+        if found:
+            return MetaFailure(op.format(*found.groups()), True, NEEDS_DATA, _caller(frames))
+    found = _NO_KERNEL.search(message)
+    if found:
+        return MetaFailure(
+            found.group(1), False, "has no meta kernel (it cannot run on shapes alone)", _caller(frames)
+        )
+    kernels = [f for f in frames if os.path.basename(f.filename) == _META_KERNELS]
+    if kernels:  # a check in the meta kernel itself (a dtype only CUDA takes, ...)
+        op = kernels[0].name.removeprefix("meta_")
+        return MetaFailure(op, False, "was refused by its meta kernel", _caller(frames))
+    return None
+
+
+def _caller(frames: traceback.StackSummary) -> Optional[str]:
+    """`file:line in function: code` of the innermost frame that is neither torch nor hooktrace."""
+    import torch
+
+    from ..capture.sites import display_path
+
+    skip = (
+        os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    )
+    for f in reversed(frames):
+        if f.filename.startswith("<hooktrace") or os.path.abspath(f.filename).startswith(skip):
+            continue
+        line = (f.line or "").strip()
+        code = f" `{line if len(line) <= 60 else line[:59] + '…'}`" if line else ""
+        return f"{display_path(f.filename)}:{f.lineno} in {f.name}{code}"
+    return None
+
+
+def _first_sentence(text: str, limit: int = 160) -> str:
+    first = " ".join(text.split()).split(". ")[0].rstrip(".")
+    return first if len(first) <= limit else first[: limit - 1] + "…"

@@ -50,7 +50,7 @@
   // ---- the model of one trace --------------------------------------------------------------------
   function Model(view) {
     const doc = view.trace;
-    this.label = view.label; this.note = view.note; this.times = view.times; this.meta = doc.meta || {};
+    this.label = view.label; this.note = view.note; this.times = view.times; this.meta = doc.meta || {}; this.dryRun = view.dry_run || "";
     this.modules = doc.modules || []; this.hooks = doc.hooks || []; this.surprises = doc.surprises || [];
     this.types = new Map(this.modules.map((m) => [m.path, m.type]));
     this.hookById = new Map(this.hooks.map((h) => [h.id, h]));
@@ -721,6 +721,7 @@
       if (meta.created) bits.push(S(meta.created));
       if (m.times && m.n) bits.push(S(m.times));
       span(top, "meta", bits.join(" · "));
+      if (m.dryRun) span(top, "dryrun", S(m.dryRun));
     }
     if (d.mode === "ranks") top.appendChild(this.rankSelector());
     this.header.appendChild(top);
