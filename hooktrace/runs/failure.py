@@ -101,6 +101,7 @@ _NEEDS_DATA = (
     (re.compile(r"register_meta function for (torch\.\w+)\(\) raises unimplemented"), "{0}()"),
 )
 _NO_KERNEL = re.compile(r"^([\w:.]+): attempted to run this operator with Meta tensors")
+_FUSED = re.compile(r"`fused=True` requires all the params to be floating point Tensors of supported devices")
 _META_KERNELS = "_meta_registrations.py"
 
 
@@ -115,6 +116,13 @@ def meta_failure(exception: BaseException) -> Optional[MetaFailure]:
         found = pattern.search(message)
         if found:
             return MetaFailure(op.format(*found.groups()), True, NEEDS_DATA, _caller(frames))
+    if _FUSED.search(message) and " meta" in message:
+        return MetaFailure(
+            "the optimizer's fused step",
+            False,
+            "does not run on meta (build it with fused=False)",
+            _caller(frames),
+        )
     found = _NO_KERNEL.search(message)
     if found:
         return MetaFailure(
