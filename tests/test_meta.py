@@ -7,6 +7,7 @@ downloaded and nothing needs transformers (tests/test_meta_llama.py has the 70B 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -465,3 +466,31 @@ def test_exec_traces_a_script_that_builds_its_model_on_meta(tmp_path: Path, monk
     names = {"0": "0.forward", "2": "2.backward"}
     traced = [names.get(e.module, "step_post") for e in trace.events if e.type == "hook"]
     assert traced == log.read_text().split() and len(traced) == 6  # two steps
+
+
+def test_shapes_on_meta_are_the_shapes_each_hook_received(tmp_path: Path) -> None:
+    seen: list[list[str]] = []
+
+    def dims(*tensors: Any) -> list[str]:
+        return ["[" + ",".join(map(str, t.shape)) + "]" for t in tensors if isinstance(t, torch.Tensor)]
+
+    def make() -> nn.Module:
+        with torch.device("meta"):
+            model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+        model[0].register_forward_pre_hook(lambda m, a: seen.append(dims(*a)))
+        model[0].register_forward_hook(lambda m, a, o: seen.append(dims(*a, o)))
+        model[2].register_full_backward_hook(lambda m, gi, go: seen.append(dims(*gi, *go)))
+        return model
+
+    result = run(Factory("inline:make", make, "make()"), RunOptions(("8x16",), device="meta", shapes=True))
+    assert result.exception is None, result.error
+    events = [e for e in result.trace.events if e.type == "hook"]
+    assert len(events) == len(seen) == 3
+    for event, dims_seen in zip(events, seen):
+        assert event.shapes is not None and "meta" in event.shapes and "cpu" not in event.shapes
+        found = re.findall(r"\[[\d,]*\]", event.shapes)
+        assert found == dims_seen, (event.shapes, dims_seen)
+    path = tmp_path / "shapes.json"
+    result.trace.save(path)
+    code, out, err = invoke("render", str(path))
+    assert code == 0 and "(f32[8,16] meta,), f32[8,32] meta" in out and DRY_RUN_NOTE in out

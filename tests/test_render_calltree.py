@@ -174,3 +174,48 @@ def test_relative_paths(child: Optional[str], parent: Optional[str], expected: A
     assert ct.relative(child, parent) == expected
     if child is not None and parent is not None and expected != child:
         assert ct.contains(parent, child)
+
+
+def test_backward_groups_of_submodules_go_into_the_module_whose_backward_hook_follows() -> None:
+    """Layers with a full backward hook (no pre-hook) and a hook on a submodule's parameter: the
+    parameter's group fires first, then the layer's hook. The layer's group takes it in, so the
+    layers are identical siblings and collapse (80 of them were 320 alternating lines). A group of
+    a module that is not a descendant (the head) stays where it is; seq order is kept."""
+    import torch
+    from torch import nn
+
+    import hooktrace
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(x).relu()
+
+    model = nn.Sequential(*[Block() for _ in range(4)], nn.Linear(4, 2))
+    for block in model[:4]:
+        block.register_full_backward_hook(lambda m, gi, go: None)
+        block.fc.weight.register_post_accumulate_grad_hook(lambda p: None)
+    model[4].weight.register_post_accumulate_grad_hook(lambda p: None)
+    with hooktrace.trace(model) as t:
+        model(torch.ones(2, 4, requires_grad=True)).sum().backward()
+    tree = ct.build(t.trace)
+    backward = next(p for p in tree.steps[0].children if p.phase == "backward")
+    assert [(c.kind, c.module) for c in backward.children] == [
+        ("group", "4"), ("group", "3"), ("group", "2"), ("group", "1"), ("group", "0")
+    ]  # fmt: skip
+    assert [(c.module, c.kind) for c in backward.children[1].children] == [
+        ("3.fc", "group"),
+        ("3", "backward"),
+    ]
+    runs = list(ct.runs(backward.children))
+    assert [(item.module, len(same)) for item, same in runs] == [("4", 0), ("3", 3)]
+
+    def read(node: ct.Node) -> list[int]:  # top to bottom, as the tree is read
+        return [s for c in node.children for s in (read(c) if isinstance(c, ct.Node) else [c.seq])]
+
+    assert read(backward) == [e.seq for e in t.trace.events if e.type == "hook" and e.phase == "backward"]
+    text = tree_text(t.trace, width=100)
+    assert "×3 more with the same order (2 … 0," in text, text

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Iterator, Optional, Union
 
-from ..kinds import BACKWARD_CALL_KINDS, CLOSING_KINDS, ENTER, EXIT, HOOK, SAVED_TENSORS_KINDS, K
+from ..kinds import BACKWARD, BACKWARD_CALL_KINDS, CLOSING_KINDS, ENTER, EXIT, HOOK, SAVED_TENSORS_KINDS, K
 from ..schema import Event, Hook, Trace
 from .calls import Call, in_order, pair
 
@@ -204,12 +204,33 @@ class _PhaseBuilder:
                 last.children.append(e)  # a forward hook recorded after its call's exit
                 return
             group = Node("group", e, module)
-            (top or self.root).children.append(group)
+            if e.phase == BACKWARD:
+                _adopt(siblings, group)
+            siblings.append(group)
             stack.append(group)
             top = group
         top.children.append(e)
         if top.kind == "group" and e.kind in CLOSING_KINDS:
             top.closing = True
+
+
+def _adopt(siblings: list[Any], group: Node) -> None:
+    """In backward, closed groups of `group`'s descendants right before it ran inside its backward
+    (a module's full backward hook fires after its submodules' backward): they move into it, so
+    identical layers stay identical siblings (`layers.79` holding its `mlp`'s hooks, then `layers.78`
+    holding its own) instead of alternating with their submodules' groups."""
+    module = group.module
+    n = len(siblings)
+    while n and type(siblings[n - 1]) is Node:
+        last: Node = siblings[n - 1]
+        if last.kind != "group" or last.module == module or not contains(module, last.module):
+            break
+        n -= 1
+    if n == len(siblings):
+        return
+    group.children[:0] = siblings[n:]
+    group.first_seq, group.start_ns = siblings[n].first_seq, siblings[n].start_ns
+    del siblings[n:]
 
 
 class CallTree:
