@@ -178,3 +178,41 @@ def test_moe_on_meta_collapses_and_a_meta_kernel_that_refuses_is_named(moe: Path
     assert "transformers/integrations/moe.py:" in err
     assert "the hook order up to it is shown" in err
     assert "model.layers.0.mlp.gate" in tree
+
+
+def test_an_attention_mask_on_meta_is_named_with_what_to_do_instead(tmp_path: Path) -> None:
+    path = tmp_path / "masked_llama.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            def make(attn="sdpa"):
+                config = LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+                config._attn_implementation = attn
+                with torch.device("meta"):
+                    model = LlamaForCausalLM(config)
+                model.model.layers[0].register_forward_hook(lambda m, a, out: None)
+                ids = torch.zeros(1, 16, dtype=torch.long)
+                return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+            def eager():
+                return make("eager")
+            """
+        ),
+        encoding="utf-8",
+    )
+    try:
+        code, _, err = invoke("run", f"{path}:make", "--device", "meta")
+        assert code == 1
+        assert "on meta, Tensor.item() needs real data (at transformers/masking_utils.py:" in err
+        assert (
+            "on meta give no attention_mask (all ones), or build the model with attn_implementation='eager'"
+            in err
+        )
+        code, _, err = invoke("run", f"{path}:eager", "--device", "meta")  # what the hint says works
+        assert code == 0, err
+    finally:
+        sys.modules.pop("masked_llama", None)

@@ -50,10 +50,16 @@ def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
             where = f" at {failure.where}" if failure.where else ""
             return f"{text}; this hook needs real data, which a dry run on meta does not have ({failure.op}{where}); {SHOWN}"
         return f"{text}; this hook calls {failure.op}, which {failure.reason} on meta{at}; {SHOWN}"
-    return f"{text}; on meta, {failure.op} {failure.reason}{at}; {SHOWN}"
+    hint = next((h for file, h in _HINTS if failure.where and failure.where.startswith(file)), None)
+    return f"{text}; on meta, {failure.op} {failure.reason}{at}; {hint + '; ' if hint else ''}{SHOWN}"
 
 
 SHOWN = "the hook order up to it is shown"
+# (where the model's own code read values, what a dry run can do instead)
+_HINTS = (
+    ("transformers/masking_utils.py", "transformers reads attention_mask to see whether SDPA may skip it: "
+     "on meta give no attention_mask (all ones), or build the model with attn_implementation='eager'"),
+)  # fmt: skip
 
 
 def _describe_error(trace: Trace, exception: Optional[BaseException], failure: Optional[MetaFailure]) -> str:
