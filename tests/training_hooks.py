@@ -57,7 +57,8 @@ def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, list]:
 
 
 def class_state() -> dict[Any, Any]:
-    """Every attribute of Optimizer and its subclasses, and saved_tensors_hooks' methods."""
+    """Every attribute of Optimizer and its subclasses, saved_tensors_hooks' methods and the patched
+    autograd attributes."""
     out: dict[Any, Any] = {}
     todo = [torch.optim.Optimizer]
     while todo:
@@ -66,6 +67,7 @@ def class_state() -> dict[Any, Any]:
         todo.extend(cls.__subclasses__())
     out.update({(saved_tensors_hooks, k): v for k, v in vars(saved_tensors_hooks).items()})
     out[("HookMixin", "_register_hook")] = vars(torch.autograd.function._HookMixin)["_register_hook"]
+    out[("SavedTensor", "unpack_hook")] = vars(torch._C._autograd.SavedTensor)["unpack_hook"]
     out[("dist", "_register_comm_hook")] = getattr(dist, "_register_comm_hook", None)
     return out
 

@@ -17,6 +17,8 @@
 - **Saved-tensor hooks** (`torch.autograd.graph.saved_tensors_hooks`, `save_on_cpu`, checkpoint's
   own): `saved_tensors_hooks.__enter__` pushes shims of the object's `pack_hook` / `unpack_hook`
   (the object keeps its own attributes). They have no handle: one synthetic id per object and kind.
+  A saved tensor's `unpack_hook` (`grad_fn._raw_saved_self.unpack_hook`) reads the user's hook
+  through the shim while the block is open.
 - **DDP communication hooks**: `DistributedDataParallel.register_comm_hook` keeps the user's hook in
   `_comm_hooks` and hands it to the C++ reducer through `torch.distributed._register_comm_hook`;
   the reducer gets the user's own hook (it keeps it for good), and its calls are traced through its
@@ -38,12 +40,14 @@ import torch.autograd.function as autograd_function
 from torch.autograd.graph import saved_tensors_hooks
 
 from ..kinds import K
-from . import sites
+from . import shims, sites
 from .views import _is_compiling
 
 _push_hooks: Callable[[Any, Any], None] = torch._C._autograd._push_saved_tensors_default_hooks
 _ORIGINAL_REGISTER = vars(autograd_function._HookMixin)["_register_hook"]
 _ORIGINAL_ENTER = vars(saved_tensors_hooks)["__enter__"]
+_SAVED_TENSOR = torch._C._autograd.SavedTensor
+_ORIGINAL_UNPACK_HOOK = vars(_SAVED_TENSOR)["unpack_hook"]
 _current: Optional[Any] = None  # the capture's callbacks (session), while one is open
 
 
@@ -176,6 +180,16 @@ def _enter(self: Any) -> None:
     return None
 
 
+def _unpack_hook_of(saved: Any) -> Any:
+    """`SavedTensor.unpack_hook`: the hook the user pushed, not the shim that autograd holds."""
+    hook = _ORIGINAL_UNPACK_HOOK.__get__(saved, type(saved))
+    if getattr(hook, "__code__", None) in shims.SHIM_CODES:
+        return hook.__wrapped__
+    return hook
+
+
+_UNPACK_HOOK = property(_unpack_hook_of, doc=_ORIGINAL_UNPACK_HOOK.__doc__)
+
 _enter.__wrapped__ = _ORIGINAL_ENTER  # type: ignore[attr-defined]
 _enter.__qualname__ = _ORIGINAL_ENTER.__qualname__
 _enter.__doc__ = _ORIGINAL_ENTER.__doc__
@@ -226,7 +240,7 @@ def watch_node_hooks(callbacks: Any) -> Callable[[], None]:
 
 
 class Installed:
-    """The three patches for one capture; `restore()` puts PyTorch's functions back."""
+    """The patches for one capture; `restore()` puts PyTorch's functions back."""
 
     def __init__(self, callbacks: Any) -> None:
         global _current
@@ -237,6 +251,7 @@ class Installed:
         try:
             self._set(autograd_function._HookMixin, "_register_hook", staticmethod(_register_hook))
             self._set(saved_tensors_hooks, "__enter__", _enter)
+            self._set(_SAVED_TENSOR, "unpack_hook", _UNPACK_HOOK)
             dist = getattr(torch, "distributed", None)
             original = getattr(dist, "_register_comm_hook", None) if dist is not None else None
             if original is not None:

@@ -231,16 +231,32 @@ class HookBook:
         return entry[1]
 
     def saved_tensors_shims(self, ctx: Any, site: Site) -> tuple[Any, Any]:
-        """(pack shim, unpack shim) for one `saved_tensors_hooks` object, the same at each `__enter__`."""
-        entry = self._saved.get(id(ctx))
-        if entry is None or entry[0]() is not ctx:
-            made = []
-            for kind, fn in ((K.pack, ctx.pack_hook), (K.unpack, ctx.unpack_hook)):
-                record = self._synthetic_record(fn, kind, None, SAVED_TENSORS, site)
-                made.append(shims.make_shim(self.rec, fn, record.id, kind, None, False))
-            ref = weak(ctx)
-            entry = self._saved[id(ctx)] = (ref if ref is not None else (lambda: ctx), made[0], made[1])
-        return entry[1], entry[2]
+        """(pack shim, unpack shim) for one `saved_tensors_hooks` object, the same at each `__enter__`.
+
+        The book keeps them only while the object lives (its entry leaves with it): the shims hold
+        the hooks, whose closures hold what the user's code gave them (checkpoint's frame, its
+        inputs, the graph). After that only the saved tensors that got them hold them, as they
+        hold the hooks untraced. An object that takes no weak reference gets new shims each time.
+        """
+        key = id(ctx)
+        entry = self._saved.get(key)
+        if entry is not None and entry[0]() is ctx:
+            return entry[1], entry[2]
+        made = []
+        for kind, fn in ((K.pack, ctx.pack_hook), (K.unpack, ctx.unpack_hook)):
+            record = self._synthetic_record(fn, kind, None, SAVED_TENSORS, site)
+            shim = shims.make_shim(self.rec, fn, record.id, kind, None, False)
+            shim.__wrapped__ = fn  # what a saved tensor reports as its hook (capture/autograd.py)
+            made.append(shim)
+        table = self._saved
+        try:
+            ref = weakref.ref(
+                ctx, lambda r: table.pop(key, None) if table.get(key, (None,))[0] is r else None
+            )
+        except TypeError:
+            return made[0], made[1]
+        table[key] = (ref, made[0], made[1])
+        return made[0], made[1]
 
     def comm_shim(self, ddp: Any, hook: Any, site: Optional[Site], call: Any) -> Any:
         """The recording shim that the DDP reducer calls instead of `hook`."""
