@@ -370,3 +370,79 @@ def test_under_a_file_size_limit_nproc_says_cannot_write_as_a_single_run_does(tm
         "nothing was overwritten"
     ]
     assert "Traceback" not in done.stderr and "crashed" not in done.stdout + done.stderr
+
+
+DEEP_FAILURE = """
+import torch
+from torch import nn
+
+
+def down(n):
+    if n == 0:
+        raise RuntimeError("boom at the bottom of a deep stack")
+    return down(n - 1)
+
+
+def boom(module, args, output):
+    down(40)  # a traceback of some 4 KB: more than the file-size limit lets the error file hold
+
+
+def make():
+    model = nn.Linear(4, 4)
+    model.register_forward_hook(boom)
+    return model, torch.randn(2, 4)
+"""
+
+
+def _limited(limit: int, *args: str) -> subprocess.CompletedProcess:
+    """`hooktrace ARGS` under `ulimit -f` of `limit` bytes; its output goes to pipes, which no limit cuts."""
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    script = Path(sys.executable).with_name("hooktrace")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=240, preexec_fn=apply)
+
+
+def test_under_a_1kb_file_size_limit_two_ranks_say_cannot_write_and_keep_earlier_files(
+    tmp_path: Path,
+) -> None:
+    """The trace does not fit, nor does the rank's error file with its traceback: still `cannot write`."""
+    out = tmp_path / "f.json"
+    earlier = tmp_path / "f.rank0.json"
+    earlier.write_text("an earlier run's trace")
+    done = _limited(1024, "run", str(SAMPLES / "quickstart.py"), "-o", str(out), "--nproc", "2")
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert error == [
+        f"error: cannot write {tmp_path / 'f.rank{r}.json'}: File too large (a file-size limit, see ulimit -f); "
+        "nothing was overwritten"
+    ]
+    assert "crashed" not in done.stdout + done.stderr and "without a word" not in done.stdout + done.stderr
+    assert earlier.read_text() == "an earlier run's trace" and not (tmp_path / "f.rank1.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.rank0.json"]  # no temporary file left
+
+
+def test_a_failing_rank_whose_error_file_does_not_fit_is_failed_with_its_error(tmp_path: Path) -> None:
+    factory = tmp_path / "deep.py"
+    factory.write_text(DEEP_FAILURE)
+    out = tmp_path / "d.json"
+    done = _limited(2048, "run", str(factory), "-o", str(out), "--nproc", "1", "--traceback")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 0: failed" in done.stdout, done.stdout
+    assert "forward hook boom raised RuntimeError: boom at the bottom of a deep stack" in done.stdout
+    assert "crashed" not in done.stdout + done.stderr and "without a word" not in done.stdout + done.stderr
+    # --traceback: the rank's traceback did not fit in its error file, and that is what it says
+    tb = done.stderr[done.stderr.index("rank 0 (failed):") :]
+    assert "not kept: the rank's error file could not hold it: File too large" in tb and "ulimit -f" in tb
+    assert load(str(tmp_path / "d.rank0.json")).hooks[0].name == "boom"  # the partial trace fits: kept
+
+
+def test_under_a_zero_file_size_limit_nproc_cannot_make_its_log_folder_and_says_so(tmp_path: Path) -> None:
+    done = _limited(0, "run", str(SAMPLES / "quickstart.py"), "-o", str(tmp_path / "z.json"), "--nproc", "2")
+    assert done.returncode == 2, done.stdout + done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: cannot create a temporary folder for the ranks' logs: ")
+    assert error.endswith("(a file-size limit of 0 bytes is in force, see ulimit -f)")
+    assert "Traceback" not in done.stderr and list(tmp_path.iterdir()) == []

@@ -49,7 +49,7 @@ from .result import (
     RanksResult,
     rank_trace_path,
 )
-from .worker import NOTES_KEY, PROGRESS_KEY, STOP_SIGNALS
+from .worker import ERROR_KEY, NOTES_KEY, PROGRESS_KEY, STOP_SIGNALS
 
 # Joining the group waits for every rank to import torch and start; a loaded machine needs time.
 JOIN_TIMEOUT = 300.0
@@ -145,7 +145,7 @@ def run_ranks(
     watch = _Watch(nproc, timeout, job["join_timeout"])
     ranks: list[RankOutcome] = []
     with _signals_raise() as seen:
-        run_dir = tempfile.mkdtemp(prefix="hooktrace-run-")
+        run_dir = _run_dir()
         try:
             job["out"] = prefix = (
                 os.path.abspath(out) if out is not None else os.path.join(run_dir, "trace.json")
@@ -167,6 +167,23 @@ def run_ranks(
         timed_out=watch.timed_out,
         interrupted=watch.interrupted or seen.get("signal"),
     )
+
+
+def _run_dir() -> str:
+    """A temporary folder for the ranks' logs and error files (removed at the end)."""
+    try:
+        return tempfile.mkdtemp(prefix="hooktrace-run-")
+    except OSError as exc:  # tempfile finds no folder it can write a file in (`ulimit -f 0`, full disk)
+        why = f"{exc.strerror or exc}"
+        try:
+            import resource
+
+            soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        except (ImportError, OSError, ValueError):  # no such limit here (Windows)
+            soft = -1
+        if soft >= 0 and soft != getattr(resource, "RLIM_INFINITY", -1):
+            why += f" (a file-size limit of {soft} bytes is in force, see ulimit -f)"
+        raise UsageError(f"cannot create a temporary folder for the ranks' logs: {why}") from exc
 
 
 class Interrupted(Exception):
@@ -395,12 +412,15 @@ class _Watch:
         except Exception:
             pass
         message = failure.message if failure is not None else None
-        if isinstance(message, dict):
-            text = str(message.get("message", ""))
+        said = self._read(ERROR_KEY.format(rank=outcome.rank))  # the same error, kept in memory
+        if isinstance(message, dict) or said is not None:
+            # no readable error file (a file-size limit, a full disk): what the rank put in the store
+            text = str(message.get("message", "")) if isinstance(message, dict) else str(said)
             for prefix in ("RankFailed: ", "UsageError: ", "RankTerminated: "):
                 text = text.removeprefix(prefix)
             outcome.error = text
-            outcome.traceback = message.get("extraInfo", {}).get("py_callstack")
+            if isinstance(message, dict):
+                outcome.traceback = message.get("extraInfo", {}).get("py_callstack")
             self._stopped_from_outside(outcome)
             return
         code = outcome.exitcode

@@ -9,7 +9,9 @@ What it tells the launcher:
 - its progress (`joining`, `loading`, `step N`, `writing`) as a key in the launcher's store, so a
   rank that stops making progress can be told from a slow one (`--timeout`);
 - how it ended, by its exit code (`result.EXIT_CODES`), and, when it did not succeed, its error
-  and traceback in its elastic error file (`@record` writes TORCHELASTIC_ERROR_FILE);
+  and traceback in its elastic error file (`@record` writes TORCHELASTIC_ERROR_FILE; when that does
+  not fit under a file-size limit, the error alone, or no file), and its error as a key in the
+  store too (`ERROR_KEY`: memory, not a file, so a file-size limit cannot lose it);
 - the run's notes (e.g. "backward skipped"), as a key in the store.
 """
 
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import json
 import os
 import signal
 import sys
+import time
 from typing import Any, Iterator, Optional
 
 from ..options import UsageError
@@ -28,6 +32,9 @@ from .result import CRASHED, FAILED, OK, STATE_EXIT, STOPPED, USAGE, rank_trace_
 
 PROGRESS_KEY = "hooktrace/progress/{rank}"
 NOTES_KEY = "hooktrace/notes/{rank}"
+ERROR_KEY = "hooktrace/error/{rank}"
+# An error message longer than this is cut in the store and in the error file without traceback.
+_MESSAGE_LIMIT = 4000
 
 
 # The signals that stop a rank with its partial trace written: what the launcher forwards (it gets
@@ -95,6 +102,49 @@ class _Store:
     def notes(self, notes: list[str]) -> None:
         self._set(NOTES_KEY.format(rank=self.rank), json.dumps(notes))
 
+    def error(self, exc: BaseException) -> None:
+        self._set(ERROR_KEY.format(rank=self.rank), error_message(exc))
+
+
+def error_message(exc: BaseException) -> str:
+    """What the elastic error file says of `exc` (`Type: message`), cut to a bounded length."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 1] + "…"
+
+
+def _error_handler() -> Any:
+    """torch's elastic error handler, which still leaves a readable error file when the full one
+    (message and traceback) cannot be written: a file-size limit (`ulimit -f`) or a full disk."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    class BoundedErrorFile(ErrorHandler):
+        def record_exception(self, e: BaseException) -> None:
+            try:
+                super().record_exception(e)
+                return
+            except OSError as exc:
+                path = self._get_error_file_path() or ""
+                why = exc.strerror or str(exc)
+                if exc.errno == errno.EFBIG:
+                    why += " (a file-size limit, see ulimit -f)"
+            data = {
+                "message": {
+                    "message": error_message(e),
+                    "extraInfo": {
+                        "py_callstack": f"(not kept: the rank's error file could not hold it: {why})",
+                        "timestamp": str(int(time.time())),
+                    },
+                }
+            }
+            try:
+                with open(path, "w") as fp:
+                    json.dump(data, fp)
+            except OSError:  # not even that: no file rather than a cut one (the store has the error)
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+
+    return BoundedErrorFile()
+
 
 def _rank_device(device: Optional[str], local_rank: int) -> tuple[Optional[str], bool]:
     """The `--device` this rank uses and whether it uses CUDA (each rank on its own GPU)."""
@@ -131,8 +181,8 @@ def _factory_may_init(dist: Any) -> Iterator[None]:
         dist.init_process_group, distributed_c10d.init_process_group = saved
 
 
-def _join(rank: int, world_size: int, local_rank: int, job: dict[str, Any]) -> tuple[_Store, Optional[str]]:
-    """Connect to the launcher's store, report `joining`, init the default group; the rank's device."""
+def _connect(rank: int, world_size: int, job: dict[str, Any]) -> _Store:
+    """Connect to the launcher's store and report `joining`."""
     import torch.distributed as dist
 
     wait = datetime.timedelta(seconds=float(job["join_timeout"]))
@@ -141,6 +191,15 @@ def _join(rank: int, world_size: int, local_rank: int, job: dict[str, Any]) -> t
     )
     reports = _Store(store, rank)
     reports.progress("joining")
+    return reports
+
+
+def _join(reports: _Store, world_size: int, local_rank: int, job: dict[str, Any]) -> Optional[str]:
+    """Init the default group through the launcher's store; the rank's device."""
+    import torch.distributed as dist
+
+    wait = datetime.timedelta(seconds=float(job["join_timeout"]))
+    rank, store = reports.rank, reports.store
     device, cuda = _rank_device(job["options"].get("device"), local_rank)
     if cuda:
         import torch
@@ -148,7 +207,7 @@ def _join(rank: int, world_size: int, local_rank: int, job: dict[str, Any]) -> t
         torch.cuda.set_device(local_rank)
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=wait)
-    return reports, device
+    return device
 
 
 def _rank(job: dict[str, Any]) -> None:
@@ -156,7 +215,16 @@ def _rank(job: dict[str, Any]) -> None:
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK", rank)
-    reports, device = _join(rank, world_size, local_rank, job)
+    reports = _connect(rank, world_size, job)
+    try:
+        device = _join(reports, world_size, local_rank, job)
+        _traced(job, rank, world_size, reports, device)
+    except Exception as exc:
+        reports.error(exc)
+        raise
+
+
+def _traced(job: dict[str, Any], rank: int, world_size: int, reports: _Store, device: Optional[str]) -> None:
 
     import torch.distributed as dist
 
@@ -219,7 +287,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise UsageError("python -m hooktrace.ranks is started by hooktrace run --nproc N")
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        record(_rank)(json.loads(args[0]))  # an exception is written to the rank's elastic error file
+        # an exception is written to the rank's elastic error file
+        record(_rank, _error_handler())(json.loads(args[0]))
     except Exception as exc:
         failure = exc
     finally:
