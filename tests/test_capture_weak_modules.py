@@ -127,7 +127,7 @@ def test_mod_tracker_sees_a_deleted_module_gone_as_untraced():
     assert _tracker_run(True) == plain
 
 
-def test_a_new_module_at_a_dead_modules_id_is_named_as_itself():
+def _module_at_a_dead_modules_id() -> tuple[Any, nn.Module, int]:
     model = nn.Sequential(OrderedDict(a=nn.Linear(2, 2), b=nn.Linear(2, 2)))
     with hooktrace.trace(model) as t, _no_gc():
         model.a.register_forward_hook(_hook)
@@ -138,7 +138,20 @@ def test_a_new_module_at_a_dead_modules_id_is_named_as_itself():
         other(torch.ones(2))
         model.c = other  # now in the model, at its own path
         model(torch.ones(2))
-    assert id(other) == old_id  # the case this test is about
+    return t, other, old_id
+
+
+def test_a_new_module_at_a_dead_modules_id_is_named_as_itself():
+    # Whether the freed memory goes to `other` is CPython's allocator's call: another thread running
+    # Python meanwhile (a progress bar's monitor, a compile worker an earlier test left, more often
+    # on a loaded machine) can take it first. Then the run is tried again, with the misses kept alive.
+    misses = []
+    for _attempt in range(20):
+        t, other, old_id = _module_at_a_dead_modules_id()
+        if id(other) == old_id:
+            break
+        misses.append(other)
+    assert id(other) == old_id, "the dead module's id never went to the next module: the case is not set up"
     enters = [e.module for e in t.trace.events if e.type == "enter"]
     assert enters == ["", "a", "b", "c", "", "b", "c"]  # never the dead module's "a" for `other`
     [hook] = t.trace.hooks

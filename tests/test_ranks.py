@@ -116,6 +116,10 @@ import torch.distributed as dist
 from torch import nn
 
 
+def both_tracing(module, args):
+    dist.barrier()  # rank 1 raises only once rank 0 is tracing too (not still loading the target)
+
+
 def boom(module, args):
     raise RuntimeError("boom on rank 1")
 
@@ -130,6 +134,7 @@ def make():
     dist.init_process_group("gloo")  # unconditionally: hooktrace has done it already, this must not fail
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    model[0].register_forward_pre_hook(both_tracing)
     model[1].register_forward_hook(sync)
     if dist.get_rank() == 1:
         model[0].register_forward_pre_hook(boom)

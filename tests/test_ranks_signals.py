@@ -169,3 +169,59 @@ def test_a_store_that_cannot_answer_is_no_report() -> None:
     watch = _Watch(nproc=1, timeout=1, join_timeout=1)
     watch.store = _SignalledStore(RuntimeError("connection reset by peer"))
     assert watch._read("progress/0") is None
+
+
+class _NoStore:
+    def set(self, key: str, value: str) -> None:
+        pass
+
+
+def test_a_stop_signal_once_the_run_has_ended_waits_until_the_trace_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The launcher stops the other ranks when one fails; a rank whose run had just ended (its
+    # collective failed because the peer died) got the SIGTERM while building or writing its trace,
+    # and RankTerminated escaped from there: no trace at all. Deterministic here: the signal is
+    # sent the moment the run ends.
+    from hooktrace.ranks import worker
+
+    samples = Path(__file__).resolve().parent.parent / "samples"
+    job = {"target": str(samples / "quickstart.py"), "options": {}, "out": str(tmp_path / "q.json")}
+    armed = worker._DEFERRAL.armed
+    seen: list[bool] = []
+
+    def armed_then_signalled(running: bool) -> None:
+        armed(running)
+        seen.append(running)
+        if not running:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this thread
+
+    monkeypatch.setattr(worker._DEFERRAL, "armed", armed_then_signalled)
+    monkeypatch.setattr(worker._DEFERRAL, "pending", None)
+    previous = signal.signal(signal.SIGTERM, worker._raise_terminated)
+    try:
+        worker._traced(job, 0, 1, worker._Store(_NoStore(), 0), None)  # ends as its run did: no raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        worker._DEFERRAL.deferring = False
+    assert seen == [True, False] and worker._DEFERRAL.pending == signal.SIGTERM
+    trace = load(tmp_path / "q.rank0.json")
+    assert trace.meta.rank == 0 and len(list(trace.hook_events())) == 10  # the whole run's trace
+
+
+def test_a_stop_signal_while_the_steps_run_still_stops_the_rank_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hooktrace.ranks import worker
+
+    monkeypatch.setattr(worker._DEFERRAL, "pending", None)
+    worker._DEFERRAL.armed(True)
+    handlers = {sig: signal.getsignal(sig) for sig in worker.STOP_SIGNALS}
+    try:
+        with pytest.raises(worker.RankTerminated, match="stopped by SIGTERM"):
+            worker._raise_terminated(signal.SIGTERM, None)
+        assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in handlers)  # one is enough
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert worker._DEFERRAL.pending is None

@@ -50,7 +50,28 @@ class RankFailed(Exception):
     """The model or a hook raised; the message names the module, the hook and the exception."""
 
 
+class _Deferral:
+    """Whether a stop signal raises now (before the run, and while the factory and the steps run:
+    the partial trace is kept) or waits (once they have ended, while the trace is built and
+    written: raising there would lose it). A deferred signal is only remembered; the rank then ends
+    as its run did, having written its trace."""
+
+    def __init__(self) -> None:
+        self.deferring = False
+        self.pending: Optional[int] = None
+
+    def armed(self, running: bool) -> None:
+        self.deferring = not running
+
+
+_DEFERRAL = _Deferral()
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    if _DEFERRAL.deferring:
+        if _DEFERRAL.pending is None:
+            _DEFERRAL.pending = signum
+        return
     for sig in STOP_SIGNALS:  # one is enough: let the rank write its trace
         signal.signal(sig, signal.SIG_IGN)
     raise RankTerminated(f"stopped by {signal.Signals(signum).name}")
@@ -225,7 +246,7 @@ def _rank(job: dict[str, Any]) -> None:
 
 
 def _traced(job: dict[str, Any], rank: int, world_size: int, reports: _Store, device: Optional[str]) -> None:
-
+    """Load the target, run it traced, write the trace; raise to say how the run failed."""
     import torch.distributed as dist
 
     from ..options import RunOptions
@@ -236,7 +257,7 @@ def _traced(job: dict[str, Any], rank: int, world_size: int, reports: _Store, de
     options = RunOptions(**dict(job["options"], device=device))
     try:
         with _factory_may_init(dist):
-            result = run(load_factory(job["target"]), options, on_step=reports.step)
+            result = run(load_factory(job["target"]), options, on_step=reports.step, on_armed=_DEFERRAL.armed)
     except UsageError as exc:
         stop = _termination(exc)
         if stop is not None:  # not the factory's fault: say what happened

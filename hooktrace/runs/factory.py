@@ -136,6 +136,7 @@ def run(
     *,
     stop_signals: bool = False,
     on_step: Optional[Callable[[int, bool], None]] = None,
+    on_armed: Optional[Callable[[bool], None]] = None,
 ) -> RunResult:
     """Load, run and trace. UsageError for bad input; an exception from the model is caught and reported.
 
@@ -143,7 +144,9 @@ def run(
     `warmup` true (`run --nproc` reports the ranks' progress with it).
 
     stop_signals: SIGINT/SIGTERM (main thread only) stop the run; the partial trace is returned with
-    `stopped_by` set. The rank worker, which handles signals itself, leaves this off."""
+    `stopped_by` set. The rank worker, which handles signals itself, leaves this off and passes
+    `on_armed`: called with True when the factory and the steps begin to run, False when they have
+    ended (from then on a stop signal must not cut the trace being built: the worker defers it)."""
     options.check()
     _check_torch()
     resolve_device(options.device)  # CUDA absent: say so before the (maybe slow) factory runs
@@ -155,6 +158,8 @@ def run(
         with _Capture(factory.spec, options, progress) as capture:
             t = capture.session
             signals.armed = True
+            if on_armed is not None:
+                on_armed(True)
             try:
                 target = coerce_result(_call_factory(factory), factory.label)
                 t.attach(target.model)
@@ -190,6 +195,8 @@ def run(
                 exception = exc
             finally:
                 signals.armed = False
+                if on_armed is not None:
+                    on_armed(False)
         stopped = stopped or signals.pending
     t.set_meta(backward=backward_meta(options.backward, notes, exception or stopped))
     trace = t.trace
