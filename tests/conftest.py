@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -73,15 +72,10 @@ def no_global_hooks() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _global_module_hooks_kept_per_test():
+def _global_module_hooks_kept_per_test() -> Iterator[None]:
     """A factory or script run in-process by the CLI tests registers global module hooks it never
-    removes (as a user's would); later tests start from the global hook dicts as they were."""
-    module = sys.modules.get("torch.nn.modules.module")
-    names = [n for n in dir(module) if n.startswith("_global_") and n.endswith("_hooks")] if module else []
-    saved = {name: list(getattr(module, name).items()) for name in names}
-    yield
-    for name, items in saved.items():
-        d = getattr(module, name)
-        if list(d.items()) != items:
-            d.clear()
-            d.update(items)
+    removes (as a user's would); later tests start from the global hook state as it was."""
+    from .global_hooks import global_module_hooks_kept
+
+    with global_module_hooks_kept():
+        yield
