@@ -26,6 +26,8 @@ from hooktrace.capture import shapes as describe
 from hooktrace.cli import main
 from hooktrace.validate import from_dict
 
+from .global_hooks import global_module_hooks_kept
+
 pytest_plugins = ["pytester"]
 
 # The test's own dtype words (not hooktrace's table).
@@ -183,7 +185,9 @@ def _traced(shapes: bool = True) -> tuple[Seen, Any, Any]:
 
 @pytest.fixture(scope="module")
 def traced() -> tuple[Seen, Any]:
-    seen, t, _ = _traced()
+    # set up before the per-test restore begins: a global full backward hook's flag would outlive it
+    with global_module_hooks_kept():
+        seen, t, _ = _traced()
     return seen, t.trace
 
 
