@@ -22,19 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 import hooktrace
 
-from .training_hooks import Log
-
-
-class _NoGc:
-    """Only reference counting frees objects inside: a cycle through hooktrace would show."""
-
-    def __enter__(self) -> None:
-        self.was = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.was:
-            gc.enable()
+from .training_hooks import Log, no_gc
 
 
 def _block(traced: bool) -> Any:
@@ -75,7 +63,7 @@ def test_hooks_of_a_saved_tensors_object_die_with_it(traced: bool) -> None:
         y.sum().backward()  # the graph, and the saved tensor holding the hooks, are gone after this
         return weakref.ref(unpack), weakref.ref(held)
 
-    with _block(traced), _NoGc():
+    with _block(traced), no_gc():
         unpack_ref, held_ref = scope()
         assert unpack_ref() is None and held_ref() is None
 

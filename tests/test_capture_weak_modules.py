@@ -20,20 +20,7 @@ from torch import nn
 
 import hooktrace
 
-from .training_hooks import Log
-
-
-def _no_gc() -> Any:
-    class NoGc:
-        def __enter__(self) -> None:
-            self.was = gc.isenabled()
-            gc.disable()
-
-        def __exit__(self, *exc: Any) -> None:
-            if self.was:
-                gc.enable()
-
-    return NoGc()
+from .training_hooks import Log, no_gc
 
 
 def _hook(*args: Any) -> None:
@@ -44,7 +31,7 @@ def test_module_with_hook_called_then_deleted_dies_by_refcount_and_is_named():
     torch.manual_seed(0)
     model = nn.Sequential(OrderedDict(lin=nn.Linear(2, 2), act=nn.ReLU()))
     L = Log()
-    with hooktrace.trace(model) as t, _no_gc():
+    with hooktrace.trace(model) as t, no_gc():
         model.lin.register_forward_hook(L.fn("fwd"))
         model.lin.register_full_backward_hook(L.fn("bwd"))
         model(torch.ones(1, 2, requires_grad=True)).sum().backward()
@@ -61,7 +48,7 @@ def test_module_with_hook_called_then_deleted_dies_by_refcount_and_is_named():
 
 def test_load_state_dict_pre_hook_with_module_keeps_no_extra_ref():
     """PyTorch's `test_no_extra_ref_to_module`, inside the block."""
-    with hooktrace.trace() as t, _no_gc():
+    with hooktrace.trace() as t, no_gc():
         m = nn.Linear(3, 3)
         m._register_load_state_dict_pre_hook(_hook, True)
         weak_m = weakref.ref(m)
@@ -129,7 +116,7 @@ def test_mod_tracker_sees_a_deleted_module_gone_as_untraced():
 
 def _module_at_a_dead_modules_id() -> tuple[Any, nn.Module, int]:
     model = nn.Sequential(OrderedDict(a=nn.Linear(2, 2), b=nn.Linear(2, 2)))
-    with hooktrace.trace(model) as t, _no_gc():
+    with hooktrace.trace(model) as t, no_gc():
         model.a.register_forward_hook(_hook)
         model(torch.ones(2))
         old_id = id(model.a)

@@ -74,13 +74,18 @@ def invoke(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def _factory_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> Any:
+    """`source` as the factory file `name`.py, trees at 80 columns; the module forgotten afterwards."""
+    monkeypatch.setenv("COLUMNS", "80")
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    yield path
+    sys.modules.pop(name, None)
+
+
 @pytest.fixture
 def llama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("COLUMNS", "80")
-    path = tmp_path / "llama70b.py"
-    path.write_text(textwrap.dedent(LLAMA_70B), encoding="utf-8")
-    yield path
-    sys.modules.pop("llama70b", None)
+    yield from _factory_file(tmp_path, monkeypatch, "llama70b", LLAMA_70B)
 
 
 def test_llama_70b_on_meta_hook_order_equals_the_hooks_record_and_80_layers_collapse(llama: Path) -> None:
@@ -158,11 +163,7 @@ def fp32():
 
 @pytest.fixture
 def moe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("COLUMNS", "80")
-    path = tmp_path / "qwen_moe.py"
-    path.write_text(textwrap.dedent(MOE), encoding="utf-8")
-    yield path
-    sys.modules.pop("qwen_moe", None)
+    yield from _factory_file(tmp_path, monkeypatch, "qwen_moe", MOE)
 
 
 def test_moe_on_meta_collapses_and_a_meta_kernel_that_refuses_is_named(moe: Path) -> None:

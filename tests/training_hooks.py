@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable
+import gc
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -92,3 +94,15 @@ def add_hook_to_module(module: nn.Module, log: list[str]) -> nn.Module:
 
     module.forward = functools.update_wrapper(functools.partial(new_forward, module), old_forward)
     return module
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Only reference counting frees objects inside: a cycle through hooktrace would keep them alive."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
