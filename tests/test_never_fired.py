@@ -191,3 +191,59 @@ def test_a_hook_that_fired_is_never_never_fired():
     assert h.id in fired
     assert not set(never_fired(t.trace)) & fired
     assert find_surprises(t.trace) == t.trace.surprises
+
+
+NODE_HOOK_OF_STEP_0 = """
+import torch
+from torch import nn
+
+m = nn.Linear(3, 1)
+m.register_full_backward_hook(lambda module, grad_input, grad_output: None)  # backward ran: shown
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(3):
+    out = m(torch.randn(2, 3)).sum()
+    if i == 0:
+        out.grad_fn.register_prehook(lambda grad_outputs: print("ran in step 0"))
+    out.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("start", [0, 1])
+def test_a_node_hook_that_fired_before_the_window_is_not_said_to_have_never_run(tmp_path, start):
+    # Step 0's graph runs its node (the hook prints) and is gone. Traced from step 0 the hook fires;
+    # with step 0 untraced (exec --start 1, run --warmup 1) it cannot fire in the window, and the
+    # reason must not claim backward never ran its node after the registration: it did, unseen.
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(NODE_HOOK_OF_STEP_0)
+    out = tmp_path / "t.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "hooktrace", "exec", "--start", str(start), "-o", str(out), str(script)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("ran in step 0") == 1  # the hook did run, once, in step 0
+    trace = hooktrace.load(out)
+    found = never_fired(trace)
+    if start == 0:
+        assert not found  # it fired inside the window
+        return
+    [surprise] = found.values()
+    assert "backward did not run its autograd node in the traced steps" in surprise.message
+    assert "after it was registered" not in surprise.message
+
+
+def test_a_node_hook_whose_node_never_ran_is_said_so_without_a_warmup():
+    m = lin()
+    m[1].register_full_backward_hook(lambda module, grad_input, grad_output: None)  # backward ran: shown
+    with hooktrace.trace(m) as t:
+        out = m(torch.randn(2, 3)).sum()
+        handle = out.grad_fn.register_prehook(lambda grad_outputs: None)
+        m(torch.randn(2, 3)).sum().backward()  # another graph: out's node never runs
+    handle.remove()
+    [surprise] = never_fired(t.trace).values()
+    assert "backward did not run its autograd node after it was registered" in surprise.message

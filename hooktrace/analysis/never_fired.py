@@ -41,6 +41,12 @@ def _where(path: Optional[str]) -> str:
     return f"`{path or ROOT}`" if path is not None else "a module outside the model"
 
 
+def _since(trace: Trace) -> str:
+    """When the hook could have fired: after its registration, unless steps ran untraced first
+    (`run --warmup`, `exec --start`), where it may have fired unseen: then only the traced steps."""
+    return "in the traced steps" if trace.meta.warmup else "after it was registered"
+
+
 def _label(hook: Hook) -> str:
     return f"`{hook.name}`"
 
@@ -148,8 +154,8 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
             call = "load_state_dict()" if "load" in kind else "state_dict()"
             return f"the optimizer's {call} was not called while tracing", NOT_ASKED
         if hook.scope == GLOBAL:
-            return "no optimizer's step() ran after it was registered", "warn"
-        return "its optimizer's step() did not run after it was registered", "warn"
+            return f"no optimizer's step() ran {_since(facts.trace)}", "warn"
+        return f"its optimizer's step() did not run {_since(facts.trace)}", "warn"
     if hook.scope == MODULE and hook.module is not None and hook.module not in facts.entered:
         return _never_called(facts, hook)
     if hook.scope == MODULE and hook.module is None:
@@ -208,9 +214,9 @@ def _backward_reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
     if hook.scope == MODULE and hook.kind in (K.backward_pre, K.backward):
         return _full_backward_reason(facts, hook), "warn"
     if hook.scope == TENSOR:
-        return f"no gradient for {hook.tensor or 'its tensor'} was computed after it was registered", "warn"
+        return f"no gradient for {hook.tensor or 'its tensor'} was computed {_since(facts.trace)}", "warn"
     if hook.scope == NODE:
-        return "backward did not run its autograd node after it was registered", "warn"
+        return f"backward did not run its autograd node {_since(facts.trace)}", "warn"
     return "backward ran, but the trace does not show why it did not call it", "warn"
 
 
