@@ -31,6 +31,13 @@ model = LlamaForCausalLM(config)
 model.model.layers[0].self_attn.register_forward_pre_hook(log_attention_input, with_kwargs=True)
 model.model.norm.register_full_backward_hook(clip_norm_grad)
 
+# transformers 5 renamed gradient_checkpointing (the old name warns); older releases know only it
+CHECKPOINTING = next(
+    name
+    for name in ("activation_checkpointing", "gradient_checkpointing")
+    if name in TrainingArguments.__dataclass_fields__
+)
+
 g = torch.Generator().manual_seed(1)
 data = [
     {"input_ids": (ids := torch.randint(0, 64, (16,), generator=g)), "labels": ids.clone()} for _ in range(16)
@@ -39,7 +46,7 @@ data = [
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
-            output_dir=out, max_steps=4, per_device_train_batch_size=2, gradient_checkpointing=True,
+            output_dir=out, max_steps=4, per_device_train_batch_size=2, **{CHECKPOINTING: True},
             report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True,
         )  # fmt: skip
         Trainer(model=model, args=args, train_dataset=data).train()

@@ -41,6 +41,13 @@ model.model.layers[1].mlp.register_forward_hook(mlp_out)
 model.model.norm.register_full_backward_hook(norm_backward)
 model.model.embed_tokens.weight.register_hook(embed_grad)
 
+# transformers 5 renamed gradient_checkpointing (the old name warns); older releases know only it
+CHECKPOINTING = next(
+    name
+    for name in ("activation_checkpointing", "gradient_checkpointing")
+    if name in TrainingArguments.__dataclass_fields__
+)
+
 g = torch.Generator().manual_seed(1)
 data = [
     {"input_ids": (ids := torch.randint(0, 64, (16,), generator=g)), "labels": ids.clone()} for _ in range(16)
@@ -48,7 +55,7 @@ data = [
 
 with tempfile.TemporaryDirectory() as out:
     args = TrainingArguments(
-        output_dir=out, max_steps=4, per_device_train_batch_size=2, gradient_checkpointing=True,
+        output_dir=out, max_steps=4, per_device_train_batch_size=2, **{CHECKPOINTING: True},
         learning_rate=1e-3, report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
