@@ -21,11 +21,68 @@ def stderr_line(message: str) -> None:
     print("\n".join(safe_text(line) for line in message.split("\n")), file=sys.stderr, flush=True)
 
 
+# Standard output is written to its file descriptor until every byte is taken: Python's buffered
+# writer takes a short count from the file without a word, so a file-size limit (`ulimit -f`) cut
+# `-f json > out.json` short with exit 0. Written here, the limit raises.
+
+
+class _Whole:
+    """A text stream (sys.stdout) or its binary buffer, whose writes reach its file descriptor whole or
+    raise; a stream without a descriptor (a test's capture) is written as it is."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: Any) -> int:
+        stream = self._stream
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+            return stream.write(data)
+        raw = (
+            data
+            if isinstance(data, bytes)
+            else data.encode(stream.encoding or "utf-8", stream.errors or "strict")
+        )
+        stream.flush()
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view) :]
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _stdout_failed(exc: OSError) -> UsageError:
+    """A write to standard output that failed (not a closed pipe: that is the reader leaving)."""
+    import errno
+
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EFBIG:
+        reason += " (a file-size limit, see ulimit -f)"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += "; free some space or write elsewhere with -o"
+    return UsageError(f"cannot write to standard output: {reason}; what it received is cut short")
+
+
+def to_stdout(data: Any) -> None:
+    """Text or bytes to standard output, whole or not at all quietly: a failed write is a UsageError."""
+    try:
+        _Whole(sys.stdout.buffer if isinstance(data, bytes) else sys.stdout).write(data)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _stdout_failed(exc) from exc
+
+
 def console(**options: Any) -> Any:
     """A rich console; piped output gets 120 columns (unless COLUMNS says otherwise), not rich's 80,
-    so hook lines stay whole for grep and scripts."""
+    so hook lines stay whole for grep and scripts. Standard output is written whole or not quietly (`_Whole`)."""
     from rich.console import Console
 
+    if "file" not in options and "stderr" not in options:
+        options["file"] = _Whole(sys.stdout)
     console = Console(soft_wrap=False, **options)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = PIPE_WIDTH
@@ -53,7 +110,12 @@ def output(
         if output is None and chosen == "tree":
             from .render.tree import build_tree
 
-            console().print(build_tree(trace, **opts))
+            try:
+                console().print(build_tree(trace, **opts))
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                raise _stdout_failed(exc) from exc
             return
         if chosen == "json" and output is not None and output.name.lower().endswith(".gz"):
             data = None  # Trace.save compresses it
@@ -63,11 +125,7 @@ def output(
         raise UsageError(str(exc)) from exc
     if output is None:
         assert data is not None
-        if isinstance(data, bytes):
-            sys.stdout.buffer.write(data)
-        else:
-            sys.stdout.write(data if data.endswith("\n") else data + "\n")
-        sys.stdout.flush()
+        to_stdout(data if isinstance(data, bytes) or data.endswith("\n") else data + "\n")
         return
     write(trace, output, data)
     if not quiet:
@@ -113,7 +171,7 @@ def text_or_html(fmt: Optional[str], output: Optional[Path], command: str) -> bo
 def emit_page(page: str, output: Optional[Path], what: str) -> None:
     """A page made from several traces: to `output` (atomically), else to stdout."""
     if output is None:
-        sys.stdout.write(page)
+        to_stdout(page)
         return
     from .io import write_atomic, write_error_words
 

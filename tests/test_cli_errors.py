@@ -320,6 +320,36 @@ def test_a_write_past_the_file_size_limit_says_so_and_keeps_the_old_file(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # no temporary file left
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="POSIX file-size limits")
+@pytest.mark.parametrize("fmt", ["tree", "json", "html"])
+def test_standard_output_cut_short_by_a_file_size_limit_is_an_error_not_exit_0(
+    tmp_path: Path, fmt: str
+) -> None:
+    # `hooktrace run ... -f json > run.json` under `ulimit -f`: Python's buffered stdout took the short
+    # write without a word, and a cut JSON document came with exit 0.
+    args = [sys.executable, "-c", _LIMITED, "run", str(SAMPLES / "quickstart.py"), "-f", fmt]
+    shown = tmp_path / "shown.txt"
+    with shown.open("wb") as stdout:
+        proc = subprocess.run(args, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: cannot write to standard output: File too large (a file-size limit, see ulimit -f); "
+        "what it received is cut short"
+    ]
+    assert shown.stat().st_size == 2000  # the limit: what the shell's file got
+
+
+def test_standard_output_is_whole_without_a_limit(tmp_path: Path) -> None:
+    shown = tmp_path / "shown.json"
+    with shown.open("wb") as stdout:
+        proc = subprocess.run(
+            [sys.executable, "-m", "hooktrace", "run", str(SAMPLES / "quickstart.py"), "-f", "json"],
+            stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert hooktrace.load(shown).meta.target is not None  # whole, and a trace
+
+
 def test_a_missing_folder_is_named_as_given_by_the_cli_and_absolute_by_a_rank_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
