@@ -162,11 +162,14 @@ def test_two_simulated_nodes(tmp_path, capsys):
 def test_exec_nproc(tmp_path):
     env = dict(os.environ, HOOKTRACE_TEST_LOG=str(tmp_path / "hooks.log"))
     done = subprocess.run(
-        [sys.executable, "-m", "hooktrace", "exec", "--nproc", "2", "-s", "1", "-o", str(tmp_path / "ddp.json"),
-         "ddp.py", "--diverge"],
+        [sys.executable, "-m", "hooktrace", "exec", "--nproc", "2", "-s", "1", "--shapes",
+         "-o", str(tmp_path / "ddp.json"), "ddp.py", "--diverge"],
         cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "ranks diverge: rank 1 differs from rank 0" in done.stderr
     assert done.stdout.count("hooktrace ddp.py (rank 0 of 2)") == 1
     _check_ranks(tmp_path, tmp_path / "hooks.log", 2, 1, 1)
+    for rank in range(2):  # --shapes reached every rank: each hook call says what it received
+        trace = hooktrace.load(tmp_path / f"ddp.rank{rank}.json")
+        assert all(e.shapes for e in trace.events if e.type == "hook"), rank

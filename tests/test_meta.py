@@ -494,3 +494,61 @@ def test_shapes_on_meta_are_the_shapes_each_hook_received(tmp_path: Path) -> Non
     result.trace.save(path)
     code, out, err = invoke("render", str(path))
     assert code == 0 and "(f32[8,16] meta,), f32[8,32] meta" in out and DRY_RUN_NOTE in out
+
+
+RANKS_ON_META = """
+import os
+
+import torch
+from torch import nn
+
+
+def log(name):
+    with open(f"{os.environ['META_RANKS_LOG']}.rank{os.environ['RANK']}", "a") as f:
+        f.write(name + "\\n")
+
+
+def first_pre(module, args):
+    log("first_pre")
+
+
+def last_backward(module, grad_input, grad_output):
+    log("last_backward")
+
+
+def weight_ready(param):
+    log("weight_ready")
+
+
+def make():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    model[0].register_forward_pre_hook(first_pre)
+    model[2].register_full_backward_hook(last_backward)
+    model[0].weight.register_post_accumulate_grad_hook(weight_ready)
+    return model
+"""
+
+
+@pytest.mark.slow
+def test_nproc_ranks_each_run_dry_on_meta_with_shapes(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    factory = tmp_path / "ranks_meta.py"
+    factory.write_text(RANKS_ON_META)
+    log = tmp_path / "hooks.log"
+    done = subprocess.run(
+        [sys.executable, "-m", "hooktrace", "run", str(factory), "--nproc", "2", "--device", "meta",
+         "--input", "4x8", "--shapes", "-o", str(tmp_path / "m.json")],
+        env=dict(os.environ, META_RANKS_LOG=str(log)), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ranks agree" in done.stdout
+    for rank in range(2):
+        trace = hooktrace.load(tmp_path / f"m.rank{rank}.json")
+        assert trace.meta.dry_run and trace.meta.rank == rank
+        names = [trace.hook(e.hook).name for e in trace.hook_events()]
+        assert names == Path(f"{log}.rank{rank}").read_text().split()  # the hooks' own record
+        assert len(names) == 3
+        assert [e.shapes for e in trace.hook_events()][0] == "(f32[4,8] meta,)"
