@@ -225,3 +225,27 @@ def test_a_stop_signal_while_the_steps_run_still_stops_the_rank_at_once(
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     assert worker._DEFERRAL.pending is None
+
+
+@pytest.mark.parametrize(
+    ("said", "state"),
+    [
+        ("stopped by SIGINT while in forward_pre hook die", "died"),  # its own signal, not ours
+        ("stopped by SIGTERM while in forward_pre hook die", "stopped"),  # the one hooktrace sent
+    ],
+)
+def test_a_rank_still_ending_on_its_own_signal_when_the_others_are_stopped_is_not_called_stopped(
+    said: str, state: str
+) -> None:
+    # Rank 1 gets a SIGINT nobody in hooktrace sent; ending, it closes its process group, so rank 0's
+    # collective fails and the launcher stops the ranks still running (SIGTERM), rank 1 among them if
+    # it has not exited yet (CI, under load): the signal it names says whose stop it was.
+    from hooktrace.ranks.launch import _Watch
+    from hooktrace.ranks.result import STOPPED, RankOutcome
+
+    watch = _Watch(nproc=2, timeout=1, join_timeout=1)
+    watch.stopped, watch.stop_signal = {1}, signal.SIGTERM
+    outcome = RankOutcome(rank=1, state=STOPPED, error=said)
+    watch._stopped_from_outside(outcome)
+    assert outcome.state == state
+    assert ("(a signal hooktrace did not send)" in (outcome.error or "")) == (state == DIED)

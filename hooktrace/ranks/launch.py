@@ -445,8 +445,13 @@ class _Watch:
 
     def _stopped_from_outside(self, outcome: RankOutcome) -> None:
         """A rank that stopped on a signal hooktrace did not send (someone else's SIGTERM, SIGINT or
-        SIGHUP: it kept its partial trace) died; it was not stopped because another rank failed."""
-        if outcome.state == STOPPED and outcome.rank not in self.stopped:
+        SIGHUP: it kept its partial trace) died; it was not stopped because another rank failed. A rank
+        that was still ending when hooktrace stopped the others (its own signal closed its process group,
+        so the others failed first) says which signal stopped it: not the one hooktrace sent, not ours."""
+        sent = self.stop_signal.name if self.stop_signal is not None else None
+        said = (outcome.error or "").startswith("stopped by ")
+        foreign = said and sent is not None and not (outcome.error or "").startswith(f"stopped by {sent}")
+        if outcome.state == STOPPED and (outcome.rank not in self.stopped or foreign):
             outcome.state = DIED
             outcome.error = f"{outcome.error} (a signal hooktrace did not send)"
 
