@@ -206,6 +206,18 @@ def _stop_signals() -> tuple[type[Exception], ...]:
 
 
 @contextlib.contextmanager
+def _failures_but_stops() -> Iterator[None]:
+    """`contextlib.suppress(Exception)`, except for what a stop signal raises (torch's SignalException
+    is an Exception too): that goes on to the launch, or the ranks would run on."""
+    try:
+        yield
+    except _stop_signals():
+        raise
+    except Exception:
+        pass
+
+
+@contextlib.contextmanager
 def _signals_raise() -> Iterator[dict[str, int]]:
     """While ranks may run, SIGINT/SIGTERM/SIGHUP/SIGQUIT raise (installed before torch is imported); the
     handlers found are restored afterwards. A signal that arrives outside the launch (while the
@@ -365,13 +377,9 @@ class _Watch:
     def _read(self, key: str) -> Optional[str]:
         """A rank's report, or None when the store cannot say; a stop signal that arrives meanwhile
         is not the store's failure: it goes on to the launch (swallowed, the ranks ran on)."""
-        try:
+        with _failures_but_stops():
             if self.store.check([key]):
                 return self.store.get(key).decode("utf-8", "replace")
-        except _stop_signals():
-            raise
-        except Exception:
-            pass
         return None
 
     def outcome(
@@ -405,12 +413,8 @@ class _Watch:
         from torch.distributed.elastic.multiprocessing import ProcessFailure
 
         failure: Any = None
-        try:
+        with _failures_but_stops():
             failure = ProcessFailure(outcome.rank, pid, outcome.exitcode, self.pc.error_files[outcome.rank])
-        except _stop_signals():
-            raise
-        except Exception:
-            pass
         message = failure.message if failure is not None else None
         said = self._read(ERROR_KEY.format(rank=outcome.rank))  # the same error, kept in memory
         if isinstance(message, dict) or said is not None:
