@@ -195,18 +195,22 @@ _enter.__qualname__ = _ORIGINAL_ENTER.__qualname__
 _enter.__doc__ = _ORIGINAL_ENTER.__doc__
 
 
+def ddp_and_caller(frame: Any) -> tuple[Optional[torch.nn.Module], Any]:
+    """For a `Reducer._register_comm_hook` call made from `frame`: the DDP module whose method made
+    it (None when called otherwise) and the frame that called that method (where it was registered)."""
+    ddp = frame.f_locals.get("self")
+    if not isinstance(ddp, torch.nn.Module):
+        return None, frame
+    return ddp, frame.f_back if frame.f_back is not None else frame  # the caller of register_comm_hook
+
+
 def _comm_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _register_comm_hook(reducer: Any, state: Any, hook: Any) -> Any:
         current = _current
         if current is None or _is_compiling() or not callable(hook):
             return original(reducer, state, hook)
-        frame = sys._getframe(1)
-        ddp = frame.f_locals.get("self")
-        if not isinstance(ddp, torch.nn.Module):
-            ddp = None
-        elif frame.f_back is not None:
-            frame = frame.f_back  # the caller of DistributedDataParallel.register_comm_hook
+        ddp, frame = ddp_and_caller(sys._getframe(1))
         result = original(reducer, state, hook)  # the user's own hook: nothing of ours stays in the reducer
         current.comm_hook(ddp, hook, frame)
         return result

@@ -200,12 +200,7 @@ class Registrations:
         def _register_comm_hook(reducer: Any, state: Any, hook: Any) -> Any:
             result = original(reducer, state, hook)
             if not _is_compiling() and callable(hook):
-                frame = sys._getframe(1)
-                ddp = frame.f_locals.get("self")
-                if not isinstance(ddp, torch.nn.Module):
-                    ddp = None
-                elif frame.f_back is not None:
-                    frame = frame.f_back  # the caller of DistributedDataParallel.register_comm_hook
+                ddp, frame = autograd.ddp_and_caller(sys._getframe(1))
                 found.append((weakref.ref(ddp) if ddp is not None else (lambda: None), hook, site_of(frame)))
             return result
 
