@@ -141,13 +141,16 @@ def load_trace_file(path: Path) -> Trace:
         raise UsageError(f"trace file not found: {path}; write one with hooktrace run TARGET -o {path.name}")
     try:
         return load(path)
-    except TraceFormatError as exc:
-        advice = (
-            "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
-        )
-        raise UsageError(f"cannot read {path}: {exc}{advice}") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (TraceFormatError, OSError) as exc:
+        raise _unreadable(path, exc) from exc
+
+
+def _unreadable(path: Path, exc: Exception) -> UsageError:
+    """A trace file that could not be read: why, and (for a bad trace) what to give instead."""
+    if isinstance(exc, OSError):
+        return UsageError(f"cannot read {path}: {exc.strerror or exc}")
+    advice = "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
+    return UsageError(f"cannot read {path}: {exc}{advice}")
 
 
 def load_side_file(path: Path) -> Side:
@@ -161,13 +164,8 @@ def load_side_file(path: Path) -> Side:
         return read_file(path)
     except OrderFormatError as exc:
         raise UsageError(f"cannot read {exc}; give a trace (.json) or an order file (-f order)") from exc
-    except TraceFormatError as exc:
-        advice = (
-            "" if "hooktrace run -o" in str(exc) else "; give a trace written by hooktrace run -o FILE.json"
-        )
-        raise UsageError(f"cannot read {path}: {exc}{advice}") from exc
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (TraceFormatError, OSError) as exc:
+        raise _unreadable(path, exc) from exc
 
 
 def print_comparison(expected: Side, observed: Side, *, check: bool, quiet: bool = False) -> bool:
