@@ -3,10 +3,11 @@ diagnostic lines on stderr (the CLI's; `cli.py` parses and calls)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .options import VIEW_FLAGS, UsageError, module_path
 from .schema import Trace
@@ -66,14 +67,21 @@ def _stdout_failed(exc: OSError) -> UsageError:
     return UsageError(f"cannot write to standard output: {reason}; what it received is cut short")
 
 
-def to_stdout(data: Any) -> None:
-    """Text or bytes to standard output, whole or not at all quietly: a failed write is a UsageError."""
+@contextlib.contextmanager
+def _writing_stdout() -> Iterator[None]:
+    """A failed write to standard output inside is a UsageError (a closed pipe stays what it is)."""
     try:
-        _Whole(sys.stdout.buffer if isinstance(data, bytes) else sys.stdout).write(data)
+        yield
     except BrokenPipeError:
         raise
     except OSError as exc:
         raise _stdout_failed(exc) from exc
+
+
+def to_stdout(data: Any) -> None:
+    """Text or bytes to standard output, whole or not at all quietly: a failed write is a UsageError."""
+    with _writing_stdout():
+        _Whole(sys.stdout.buffer if isinstance(data, bytes) else sys.stdout).write(data)
 
 
 def console(**options: Any) -> Any:
@@ -110,12 +118,8 @@ def output(
         if output is None and chosen == "tree":
             from .render.tree import build_tree
 
-            try:
+            with _writing_stdout():
                 console().print(build_tree(trace, **opts))
-            except BrokenPipeError:
-                raise
-            except OSError as exc:
-                raise _stdout_failed(exc) from exc
             return
         if chosen == "json" and output is not None and output.name.lower().endswith(".gz"):
             data = None  # Trace.save compresses it
