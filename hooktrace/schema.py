@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import IO, Any, Iterable, Iterator, NamedTuple, Optional
 
-from .io import TraceFormatError, columns_json, dumps, gc_paused, to_columns, write_json
+from .io import TraceFormatError, dumps, gc_paused, write_json
+from .io.columns import columns_json, to_columns
 from .kinds import HOOK
 from .kinds import ROOT as ROOT  # re-exported: the data model names the root so
 

@@ -13,18 +13,8 @@ from dataclasses import fields
 from itertools import islice, repeat
 from typing import Any, Callable, Container, Iterable, Sequence
 
-from .io import (
-    TraceFormatError,
-    decode,
-    from_columns,
-    gc_paused,
-    has_types,
-    index_error,
-    null_among,
-    read_json,
-    selector,
-    short,
-)
+from .io import TraceFormatError, gc_paused, read_json, short
+from .io.columns import decode, from_columns, has_types, index_error, null_among, selector
 from .kinds import EVENT_TYPES, HOOK, KINDS, PHASES, SCOPES
 from .schema import (
     EVENT_FIELDS,

@@ -11,7 +11,7 @@ import math
 import orjson
 import pytest
 
-from hooktrace.io import all_bools, all_ints, has_types, null_among, selector, to_columns
+from hooktrace.io.columns import all_bools, all_ints, has_types, null_among, selector, to_columns
 from hooktrace.schema import Trace, TraceFormatError
 from hooktrace.validate import from_dict, load
 from tests.trace_samples import realistic, sample, v1_dict, write
