@@ -335,7 +335,7 @@ def test_ddp_comm_hook_before_or_inside_traced_and_the_users_own_after(gloo_one_
     assert after is code_before
     L.log.clear()
     frames = _hooktrace_frames(lambda: ddp(x).sum().backward())
-    assert L.log == ["bwd2", "comm"] and frames == []
+    assert L.log == ["bwd2", "comm"] and frames == [], frames
 
 
 def test_ddp_builtin_comm_hook_is_shown_as_not_traceable(gloo_one_rank):
