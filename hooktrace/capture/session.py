@@ -7,13 +7,10 @@ without touching their dicts is `views`, the records and shims are `records`, te
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
-import platform
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Callable, Optional
 
@@ -22,27 +19,13 @@ from torch.utils.hooks import RemovableHandle
 
 from ..io import gc_paused
 from ..kinds import NODE, TENSOR, K
-from ..schema import Meta, Module, Surprise, Trace
-from . import autograd, build, comm, dicts, dynamo, optim, registry, roots, shims, sites, views
+from ..schema import Meta, Surprise, Trace
+from . import autograd, build, comm, dicts, dynamo, ending, optim, registry, roots, shims, sites, views
 from .records import HookBook, Site
-from .tensors import TensorNamer, hook_place, weak
+from .tensors import TensorNamer
 
 _ACTIVE: Optional[TraceSession] = None
 _TENSOR_KINDS = frozenset(kind for _, kind in dicts.TENSOR_DICTS)
-
-
-@dataclass
-class _Final:
-    """What the walk over every hook dict at the end of the capture found."""
-
-    paths: dict[int, str] = dataclasses.field(default_factory=dict)  # id(module) -> path
-    modules: list[Module] = dataclasses.field(default_factory=list)
-    params: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # id -> (path, name)
-    order: list[int] = dataclasses.field(default_factory=list)  # trace hook ids in firing order
-    seen: set[int] = dataclasses.field(default_factory=set)  # ids of the dicts settled
-    # trace ids of hooks taken out of a dict that is still alive without their handle's remove()
-    # (remove_spectral_norm and weight-norm removal delete their state-dict hooks from the dicts)
-    deleted: set[int] = dataclasses.field(default_factory=set)
 
 
 def check_torch() -> None:
@@ -71,7 +54,7 @@ class TraceSession:
         self._model = model
         self._analyse = analyse
         self._describe = describe
-        self._roots: list[Any] = []  # the model, or with no model the roots of the calls (_final_walk)
+        self._roots: list[Any] = []  # the model, or with no model the roots of the calls (ending.modules_of)
         self._meta = Meta(target=target)
         self._meta_overrides: dict[str, Any] = {}
         self._trace: Optional[Trace] = None
@@ -231,7 +214,7 @@ class TraceSession:
     def _finish(self) -> None:
         global _ACTIVE
         with gc_paused():
-            final: Optional[_Final] = None
+            final: Optional[ending.Final] = None
             try:
                 with self._lock:
                     self._active = False
@@ -244,7 +227,8 @@ class TraceSession:
                     self._views.restore()
                     shims.end_module_call(self._module_call)
                 # the walk puts tensor hooks back: removals on other threads are still seen meanwhile
-                final = self._final_walk()
+                named, self._roots = ending.modules_of(self._rec, self._model)
+                final = ending.walk(self._book, self._rec, self._model, named)
             finally:
                 if self._interceptor is not None:
                     self._interceptor.restore()
@@ -258,64 +242,11 @@ class TraceSession:
             if final is not None:
                 self._held = set(final.order)
             try:
-                self._pending = self._snapshot(final)
+                self._pending = ending.snapshot(
+                    self._book, self._rec, self._meta, self._start_ns, self._paths, self._roots, final
+                )
             finally:
                 self._release()
-
-    def _final_walk(self) -> _Final:
-        """One walk over every hook dict at the end of the capture.
-
-        Hooks that never fired still belong in the trace, and the final dict order proves prepends:
-        each dict gets a record for every hook it holds, tensor dicts get their original objects back
-        (module and global dicts were never changed), and the walk gives module paths, parameter names
-        and the hooks in the order PyTorch fires them (global dicts, each module's, the parameters').
-        """
-        final = _Final()
-        model = self._model
-        named = self._trace_modules()
-        for path, module in named:
-            final.paths[self._rec.key(module)] = path
-            if module is not model or roots.compiled_inner(model) is None:
-                final.modules.append(Module(path, type(module).__name__))
-            for pname, param in module.__dict__.get("_parameters", {}).items():
-                if param is not None and id(param) not in final.params:
-                    final.params[id(param)] = (path, pname)
-        found = dicts.hook_dicts(model) if model is not None else dicts.hook_dicts_in([m for _, m in named])
-        for hd in found:
-            self._settle(hd.d, hd.kind, hd.owner, hd.scope, final, hd.tensor)
-        for ref, _owner, scope in list(self._book.seen_dicts.values()):  # dicts outside the model now
-            d = ref()
-            if d is not None and id(d) not in final.seen:
-                final.seen.add(id(d))
-                if scope in dicts.IN_PLACE_SCOPES:
-                    self._book.unwrap(d)
-                self._book.infer_prepends(d)
-        final.deleted = self._book.deleted()
-        return final
-
-    def _trace_modules(self) -> list[tuple[str, Any]]:
-        """(path, module) for the trace: the model's (`roots.model_modules`), or, with no model, those of
-        the roots (the modules of outermost calls, capture/roots.py)."""
-        model = self._model
-        if isinstance(model, torch.nn.Module):
-            self._roots = [model]
-            return roots.model_modules(model)
-        self._roots = roots.of_calls(self._rec) if model is None else []
-        return roots.named_modules(self._roots)
-
-    def _settle(self, d: dict, kind: str, owner: Any, scope: str, final: _Final, tensor: Any = None) -> None:
-        if not d or id(d) in final.seen:
-            return
-        final.seen.add(id(d))
-        book = self._book
-        if scope == TENSOR:
-            book.unwrap(d)
-        for hid, fn in [*d.items()]:  # one read: other threads may still register or remove
-            record = book.record(d, hid, fn, kind, owner, scope)
-            if tensor is not None and record.tensor_ref is None:
-                record.tensor_ref = weak(tensor)
-            final.order.append(record.id)
-        book.infer_prepends(d)
 
     # -- registration callbacks ----------------------------------------------------------
     def _during_run(self, frame: Optional[FrameType]) -> bool:
@@ -451,38 +382,6 @@ class TraceSession:
                 book.infer_prepends(hd.d)
             else:  # records and shims made now, not in the first step
                 book.prewarm(hd.d, hd.owner, hd.kind)
-
-    # -- finalisation --------------------------------------------------------------------
-    def _snapshot(self, final: Optional[_Final]) -> build.Pending:
-        """What the trace is built from, with no reference left to a module, tensor or hook."""
-        final = final or _Final()
-        paths = {**self._paths, **final.paths}
-        records = build.ordered(self._book.records, final.order)
-        for r in records:
-            tensor = r.tensor_ref() if r.tensor_ref is not None else None
-            r.module, r.tensor = hook_place(r.scope, r.owner, tensor, r.tensor_desc, paths, final.params)
-            r.owner = r.tensor_ref = r.tensor_desc = None
-        meta = self._meta
-        meta.torch = str(torch.__version__)  # not TorchVersion: the trace holds plain values
-        meta.python = platform.python_version()
-        meta.steps = self._rec.steps
-        meta.device = build.device_of(self._roots[0] if self._roots else None)
-        rec = self._rec
-        return build.Pending(
-            meta=meta,
-            start_ns=self._start_ns,
-            modules=final.modules,
-            records=records,
-            paths=paths,
-            hook_calls=rec.hooks,
-            n_hook_calls=len(rec.hooks),
-            module_calls=rec.calls,
-            n_module_calls=len(rec.calls),
-            step_starts=rec.step_starts,
-            compiled=rec.compiled,
-            deleted=final.deleted,
-            shapes=rec.shapes,
-        )
 
     def _release(self) -> None:
         """The trace keeps no references to tensors, modules or hooks after the block."""

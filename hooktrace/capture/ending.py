@@ -1,0 +1,125 @@
+"""The end of a capture: one walk over every hook dict, then the snapshot the trace is built from.
+
+The session (capture/session.py) orchestrates; this is what it holds at the end, read once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from typing import Any, Optional
+
+import torch
+
+from ..kinds import TENSOR
+from ..schema import Meta, Module
+from . import build, dicts, roots, shims
+from .records import HookBook
+from .tensors import hook_place, weak
+
+
+@dataclasses.dataclass
+class Final:
+    """What the walk over every hook dict at the end of the capture found."""
+
+    paths: dict[int, str] = dataclasses.field(default_factory=dict)  # id(module) -> path
+    modules: list[Module] = dataclasses.field(default_factory=list)
+    params: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # id -> (path, name)
+    order: list[int] = dataclasses.field(default_factory=list)  # trace hook ids in firing order
+    seen: set[int] = dataclasses.field(default_factory=set)  # ids of the dicts settled
+    # trace ids of hooks taken out of a dict that is still alive without their handle's remove()
+    # (remove_spectral_norm and weight-norm removal delete their state-dict hooks from the dicts)
+    deleted: set[int] = dataclasses.field(default_factory=set)
+
+
+def modules_of(rec: shims.Recorder, model: Any) -> tuple[list[tuple[str, Any]], list[Any]]:
+    """(path, module) for the trace, and its roots: the model's (`roots.model_modules`), or, with no
+    model, those of the roots (the modules of outermost calls, capture/roots.py)."""
+    if isinstance(model, torch.nn.Module):
+        return roots.model_modules(model), [model]
+    found = roots.of_calls(rec) if model is None else []
+    return roots.named_modules(found), found
+
+
+def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str, Any]]) -> Final:
+    """One walk over every hook dict at the end of the capture.
+
+    Hooks that never fired still belong in the trace, and the final dict order proves prepends:
+    each dict gets a record for every hook it holds, tensor dicts get their original objects back
+    (module and global dicts were never changed), and the walk gives module paths, parameter names
+    and the hooks in the order PyTorch fires them (global dicts, each module's, the parameters').
+    """
+    final = Final()
+    for path, module in named:
+        final.paths[rec.key(module)] = path
+        if module is not model or roots.compiled_inner(model) is None:
+            final.modules.append(Module(path, type(module).__name__))
+        for pname, param in module.__dict__.get("_parameters", {}).items():
+            if param is not None and id(param) not in final.params:
+                final.params[id(param)] = (path, pname)
+    found = dicts.hook_dicts(model) if model is not None else dicts.hook_dicts_in([m for _, m in named])
+    for hd in found:
+        _settle(book, hd.d, hd.kind, hd.owner, hd.scope, final, hd.tensor)
+    for ref, _owner, scope in list(book.seen_dicts.values()):  # dicts outside the model now
+        d = ref()
+        if d is not None and id(d) not in final.seen:
+            final.seen.add(id(d))
+            if scope in dicts.IN_PLACE_SCOPES:
+                book.unwrap(d)
+            book.infer_prepends(d)
+    final.deleted = book.deleted()
+    return final
+
+
+def _settle(
+    book: HookBook, d: dict, kind: str, owner: Any, scope: str, final: Final, tensor: Any = None
+) -> None:
+    if not d or id(d) in final.seen:
+        return
+    final.seen.add(id(d))
+    if scope == TENSOR:
+        book.unwrap(d)
+    for hid, fn in [*d.items()]:  # one read: other threads may still register or remove
+        record = book.record(d, hid, fn, kind, owner, scope)
+        if tensor is not None and record.tensor_ref is None:
+            record.tensor_ref = weak(tensor)
+        final.order.append(record.id)
+    book.infer_prepends(d)
+
+
+def snapshot(
+    book: HookBook,
+    rec: shims.Recorder,
+    meta: Meta,
+    start_ns: int,
+    paths: dict[int, str],
+    found_roots: list[Any],
+    final: Optional[Final],
+) -> build.Pending:
+    """What the trace is built from, with no reference left to a module, tensor or hook."""
+    final = final or Final()
+    paths = {**paths, **final.paths}
+    records = build.ordered(book.records, final.order)
+    for r in records:
+        tensor = r.tensor_ref() if r.tensor_ref is not None else None
+        r.module, r.tensor = hook_place(r.scope, r.owner, tensor, r.tensor_desc, paths, final.params)
+        r.owner = r.tensor_ref = r.tensor_desc = None
+    meta.torch = str(torch.__version__)  # not TorchVersion: the trace holds plain values
+    meta.python = platform.python_version()
+    meta.steps = rec.steps
+    meta.device = build.device_of(found_roots[0] if found_roots else None)
+    return build.Pending(
+        meta=meta,
+        start_ns=start_ns,
+        modules=final.modules,
+        records=records,
+        paths=paths,
+        hook_calls=rec.hooks,
+        n_hook_calls=len(rec.hooks),
+        module_calls=rec.calls,
+        n_module_calls=len(rec.calls),
+        step_starts=rec.step_starts,
+        compiled=rec.compiled,
+        deleted=final.deleted,
+        shapes=rec.shapes,
+    )
