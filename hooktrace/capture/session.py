@@ -2,7 +2,8 @@
 
 The session only orchestrates: where hooks live is `dicts`, how module and global hooks are seen
 without touching their dicts is `views`, the records and shims are `records`, tensor naming is
-`tensors`, and the trace is built from records by `build`.
+`tensors`, the walk over every dict at the end is `ending`, and the trace is built from records by
+`build`.
 """
 
 from __future__ import annotations
