@@ -90,3 +90,56 @@ def test_plain_receivers_still_name_the_parameter(traced):
     if traced:
         [hook] = [h for h in t.trace.hooks if h.name == "hook_acc"]
         assert hook.kind == "node" and hook.tensor == "weight"
+
+
+class _Counting(type):
+    """A metaclass whose `__getattr__` counts: looking a missing name up on the class runs it."""
+
+    lookups = 0
+
+    def __getattr__(cls, name: str) -> Any:
+        _Counting.lookups += 1
+        raise AttributeError(name)
+
+
+class Masked(metaclass=_Counting):
+    """Holds a node in a plain attribute, but `__class__` is a property (as mocks and proxies have):
+    `isinstance(obj, X)` reads it when the type check fails."""
+
+    def __init__(self, node: Any) -> None:
+        self.n = node
+        self.class_reads = 0
+
+    @property
+    def __class__(self) -> type:  # type: ignore[override]
+        self.class_reads += 1
+        return Masked
+
+
+class Outer:
+    def __init__(self, m: Masked) -> None:
+        self.m = m
+
+
+def _masked_run(traced: bool) -> tuple[int, int, list[str], Any]:
+    L = Log()
+    x = torch.ones(2, requires_grad=True)
+    _Counting.lookups = 0
+    with hooktrace.trace() if traced else nullcontext() as t:
+        y = x * 3
+        holder = Masked(y.grad_fn)
+        outer = Outer(holder)
+        outer.m.n.register_hook(L.fn("post"))
+        y.sum().backward()
+    return holder.class_reads, _Counting.lookups, L.log, t
+
+
+def test_a_class_property_or_metaclass_getattr_on_the_receiver_never_runs():
+    """Reading `outer.m.n` again must not ask `m.__class__` (isinstance would) or the metaclass of
+    `m`'s class (hasattr on the class would)."""
+    reads, lookups, plain, _ = _masked_run(False)
+    assert (reads, lookups, plain) == (0, 0, ["post"])
+    reads, lookups, traced, t = _masked_run(True)
+    assert (reads, lookups, traced) == (0, 0, ["post"])
+    [hook] = [h for h in t.trace.hooks if h.name == "hook_post"]
+    assert hook.kind == "node"  # the node was read again (a plain attribute): still found

@@ -107,9 +107,9 @@ _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 
 def _read(obj: Any, how: str, what: Any) -> Any:
     """`obj.what` / `obj[what]`, only when that runs no Python code; else _Unsafe."""
-    if isinstance(obj, torch.Tensor) and torch.overrides.has_torch_function((obj,)):
+    tp = type(obj)  # never isinstance(): it reads obj.__class__, which a class may make a property
+    if issubclass(tp, torch.Tensor) and torch.overrides.has_torch_function((obj,)):
         raise _Unsafe
-    tp = type(obj)
     if how == "item":
         if tp in (list, tuple, dict):
             return obj[what]
@@ -118,15 +118,15 @@ def _read(obj: Any, how: str, what: Any) -> Any:
         raise _Unsafe
     static = inspect.getattr_static(obj, what, _MISSING)
     if static is _MISSING:
-        if isinstance(obj, torch.nn.Module):  # what Module.__getattr__ would read, read directly
+        if issubclass(tp, torch.nn.Module):  # what Module.__getattr__ would read, read directly
             for table in ("_parameters", "_buffers", "_modules"):
                 found = obj.__dict__.get(table, {}).get(what, _MISSING)
                 if found is not _MISSING:
                     return found
         raise _Unsafe
-    if isinstance(static, _C_DESCRIPTORS):
+    if issubclass(type(static), _C_DESCRIPTORS):
         return getattr(obj, what)  # a C getter (a tensor's grad_fn, a node's next_functions)
-    if not hasattr(type(static), "__get__"):  # a plain value, in the instance's or the class's dict
+    if not _has_static(type(static), "__get__"):  # a plain value, in the instance's or the class's dict
         return static
     raise _Unsafe
 
@@ -150,11 +150,17 @@ def _evaluate(frame: FrameType, steps: list[tuple[str, Any]]) -> Any:
     return obj if _is_node(obj) else None
 
 
+def _has_static(tp: type, name: str) -> bool:
+    """`name` is in the dict of `tp` or a class it derives from: looked up without running a
+    metaclass's `__getattr__`."""
+    return any(name in vars(k) for k in inspect.getmro(tp))
+
+
 def _is_node(obj: Any) -> bool:
     tp = type(obj)
-    return isinstance(inspect.getattr_static(obj, "next_functions", None), _C_DESCRIPTORS) and hasattr(
-        tp, "register_prehook"
-    )
+    return issubclass(
+        type(inspect.getattr_static(obj, "next_functions", None)), _C_DESCRIPTORS
+    ) and _has_static(tp, "register_prehook")
 
 
 # -- patched functions (made once; a reference kept after the block passes straight through) -------
