@@ -31,6 +31,7 @@ from . import dicts, shims, views
 
 ATTRS = tuple(attr for attr, _ in dicts.OPTIMIZER_DICTS)
 _READ = views.reads("self", ATTRS, r"_global_optimizer_(?:pre|post)_hooks")
+_MENTION = views.mentions("self", ATTRS, r"_global_optimizer_(?:pre|post)_hooks")
 # The step wrapper's copied code runs with PyTorch's globals (see the module docstring): it reaches
 # hooktrace by `__import__`, never while Dynamo compiles (it cannot trace `__import__`; a dict is
 # read as it is then, as `hooktrace_view` would).
@@ -129,9 +130,18 @@ def copies() -> views._Copies:
             substitute=_substitute,
             required=frozenset({"profile_hook_step", "state_dict", "load_state_dict"}),  # not a kind: methods
             reads=frozenset(ATTRS + tuple(attr for attr, _ in dicts.GLOBAL_OPTIMIZER_DICTS)),
+            mention=_MENTION,
         )
-        if _wrapper_code(made.copies["profile_hook_step"]) is None:
+        copied = _wrapper_code(made.copies["profile_hook_step"])
+        if copied is None:
             raise views.unsupported("Optimizer.profile_hook_step does not make one step wrapper")
+        own = _wrapper_code(vars(torch.optim.Optimizer)["profile_hook_step"])
+        if (
+            own is None or own.co_freevars != copied.co_freevars
+        ):  # else a wrapper's __code__ cannot be swapped
+            raise views.unsupported(
+                "the copied step wrapper of Optimizer.profile_hook_step reads other names"
+            )
         _made = made
     return _made
 

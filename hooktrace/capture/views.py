@@ -105,8 +105,34 @@ def reads(owners: str, attrs: tuple[str, ...], globs: str) -> re.Pattern:
     )
 
 
+def mentions(owners: str, attrs: tuple[str, ...], globs: str) -> re.Pattern:
+    """Any naming of those hook dicts (`self._forward_hooks`, `_global_forward_hooks_always_called`)."""
+    return re.compile(rf"\b(?:(?:{owners})\.(?:" + "|".join(attrs) + rf")|{globs})\b")
+
+
+# A hook dict named but not read for its hooks: a truthiness test (`if self._forward_hooks or ...`)
+# or a membership test (`hook_id in self._forward_hooks_with_kwargs`). Any other naming could call
+# hooks past the view: the copy is refused rather than trace half of them.
+_TESTED_BEFORE = re.compile(r"(?:\b(?:in|if|or|and|not)\s+|\b(?:if|not)\s*\()$")
+_TESTED_AFTER = re.compile(r"\s*(?:\bor\b|\band\b|\)|:|$)")
+
+
+def _unread_naming(line: str, read: re.Pattern, mention: re.Pattern) -> Optional[str]:
+    """The first naming of a hook dict in `line` that is neither a `read` nor a test, or None."""
+    spans = [m.span() for m in read.finditer(line)]
+    for m in mention.finditer(line):
+        if any(a <= m.start() < b for a, b in spans):
+            continue
+        if _TESTED_BEFORE.search(line, 0, m.start()) and _TESTED_AFTER.match(line, m.end()):
+            continue
+        return m.group()
+    return None
+
+
+_MODULE_ATTRS_READ = tuple(attr for attr, _ in dicts.MODULE_DICTS)
 # `<receiver>.<attr>.items()` / `.values()` on a module hook dict, or `<_global_...>.items()/values()`.
-_READ = reads("self|module", tuple(attr for attr, _ in dicts.MODULE_DICTS), "_global_[a-z_]+?_hooks")
+_READ = reads("self|module", _MODULE_ATTRS_READ, "_global_[a-z_]+?_hooks")
+_MENTION = mentions("self|module", _MODULE_ATTRS_READ, "_global_[a-z_]*?_hooks(?:_[a-z_]+)?")
 
 
 def _plain(value: Any) -> Any:
@@ -125,7 +151,8 @@ class _Copies:
     `fast_edits` apply to those methods only (they never run while Dynamo compiles). `substitute`
     rewrites a `read` match in the other copies (default: a `hooktrace_view` call). Every rewrite
     is checked as it is made: the methods in `required` are copied, each dict named in `reads` is
-    read somewhere, each edit applies, the copy compiles; else UnsupportedTorch.
+    read somewhere, every other naming of a dict (`mention`) is only a truthiness or membership
+    test, each edit applies, the copy compiles; else UnsupportedTorch.
     """
 
     def __init__(
@@ -140,6 +167,7 @@ class _Copies:
         substitute: Optional[Callable[[re.Match], str]] = None,
         required: frozenset[str] = frozenset(),
         reads: frozenset[str] = frozenset(),
+        mention: Optional[re.Pattern] = None,
     ) -> None:
         self.originals: dict[str, Any] = {}
         self.copies: dict[str, Any] = {}
@@ -163,6 +191,11 @@ class _Copies:
             own_edits = edits + fast_edits if name in fast else edits
             for line in lines:
                 seen.update(m.group("attr") or m.group("glob") for m in read.finditer(line))
+                other = _unread_naming(line, read, mention) if mention is not None else None
+                if other is not None:
+                    raise unsupported(
+                        f"{cls.__name__}.{name} uses {other} in a way hooktrace cannot rewrite: {line.strip()!r}"
+                    )
                 line = read.sub(sub, line)
                 for pattern, replacement in own_edits:
                     line, n = pattern.subn(replacement, line)
@@ -311,6 +344,7 @@ def copies() -> _Copies:
             (_COMPILING_READ,),
             required=_MODULE_METHODS,
             reads=frozenset(attr for attr, _ in dicts.MODULE_DICTS + dicts.GLOBAL_DICTS),
+            mention=_MENTION,
         )
     return _made
 
