@@ -55,6 +55,7 @@ def test_forward_wrapper_runs_between_pre_hooks_and_forward_hooks():
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")  # torch's own deprecation notice
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")  # the same notice from torch 2.14 on
 def test_forward_wrapper_traced_vs_untraced_and_jit_trace():
     def run(traced: bool) -> tuple:
         m = model()
