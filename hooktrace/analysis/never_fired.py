@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Collection, Optional
 
 from ..kinds import (
     BACKWARD,
@@ -103,11 +103,15 @@ class _Facts:
         return None
 
 
-def never_fired(trace: Trace, exclude: frozenset[int] | set[int] = frozenset()) -> list[Surprise]:
-    """`exclude`: hooks the capture saw taken out of their dict again (no surprise that they did not fire)."""
+def never_fired(
+    trace: Trace, exclude: frozenset[int] | set[int] = frozenset(), in_graph: Optional[Collection[int]] = None
+) -> list[Surprise]:
+    """`exclude`: hooks the capture saw taken out of their dict again (no surprise that they did not
+    fire). `in_graph`: hooks of a module that ran compiled (torch.compile), which ran inside the graph,
+    not one by one; by default those the trace's own `compiled` surprises name (a loaded trace)."""
     facts = _Facts.of(trace)
-    # hooks of a module that ran compiled (torch.compile) ran inside the graph: not one by one, but ran
-    in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
+    if in_graph is None:
+        in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
     groups: dict[tuple[str, str], list[Hook]] = defaultdict(list)
     for hook in trace.hooks:
         if hook.id in facts.fired or hook.id in in_graph or hook.id in exclude:

@@ -32,6 +32,7 @@ from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .accumulating import accumulating
 from .calls import Call, in_order
 from .calls import calls as module_calls
+from .compiled import Windows, compiled
 from .firings import firings, hook_of, level_of, place, plural
 from .identity import identity
 from .never_fired import never_fired
@@ -441,15 +442,23 @@ RULES: dict[str, Callable[[Trace], list[Surprise]]] = {
 }
 
 
-def find_surprises(trace: Trace, deleted: Collection[int] = frozenset()) -> list[Surprise]:
-    """Every rule over the trace, in the order of SPEC §4's table. `deleted`: ids of hooks their own
-    code took out of their dict again (remove_spectral_norm): they are no never-fired."""
+def find_surprises(
+    trace: Trace, deleted: Collection[int] = frozenset(), compiled_calls: Optional[Windows] = None
+) -> list[Surprise]:
+    """Every rule over the trace, in the order of SPEC §4's table, then `compiled`. The capture's
+    facts, when known: `deleted`, ids of hooks their own code took out of their dict again
+    (remove_spectral_norm): they are no never-fired; `compiled_calls`, the module calls that ran
+    compiled (capture/build.py `compiled_windows`)."""
+    in_graph = compiled(trace, compiled_calls or {})
+    # a trace analysed again (loaded) keeps its own `compiled` surprises: never_fired reads them
+    hidden = {hid for s in in_graph for hid in s.hooks} if compiled_calls is not None else None
     found: list[Surprise] = []
     for name, rule in RULES.items():
-        found.extend(
-            never_fired(trace, exclude=set(deleted)) if name == "never-fired" and deleted else rule(trace)
-        )
-    return found
+        if name == "never-fired":
+            found.extend(never_fired(trace, exclude=set(deleted), in_graph=hidden))
+        else:
+            found.extend(rule(trace))
+    return found + in_graph
 
 
 def split_levels(surprises: Iterable[Surprise]) -> tuple[list[Surprise], list[Surprise]]:

@@ -9,8 +9,8 @@ from operator import itemgetter
 from typing import Any, Optional
 
 from .. import kinds
-from ..kinds import ENTER, EXIT, GLOBAL, HOOK, MODULE, NODE, TENSOR, K
-from ..schema import ROOT, Event, Hook, Meta, Module, Surprise, Trace
+from ..kinds import ENTER, EXIT, HOOK, NODE, TENSOR
+from ..schema import Event, Hook, Meta, Module, Trace
 
 # The phase of a hook event by kind (kinds.TABLE); None: the phase of the module call it ran in.
 _PHASE_OF_KIND = {name: k.phase for name, k in kinds.TABLE.items()}
@@ -49,83 +49,32 @@ class Pending:
 
 
 def build_trace(pending: Pending) -> Trace:
-    """The trace of what the capture saw. Its surprises are the capture's own facts (`compiled`:
-    hooks that ran inside a compiled graph); the analysis' rules are added by whoever runs it."""
+    """The trace of what the capture saw, with no surprises: whoever runs the capture adds the
+    analysis' (given `compiled_windows` and `pending.deleted`, the facts only the capture knows)."""
     hooks = [to_hook(r) for r in pending.records]
     events = build_events(pending, {h.id: h for h in hooks})
-    trace = Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)
-    trace.surprises = compiled_calls(trace, pending)
-    return trace
+    return Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)
 
 
-# Kinds that run around a module call: under torch.compile, inside the compiled code or as Python.
-_CALL_KINDS = frozenset((*kinds.MODULE_KINDS, K.forward_wrapper))
-_FORWARD_KINDS = frozenset((*kinds.FORWARD_KINDS, K.forward_wrapper))
+Windows = dict[Optional[str], list[tuple[int, int]]]
 
 
-def compiled_calls(trace: Trace, pending: Pending) -> list[Surprise]:
-    """A `compiled` surprise per module that ran compiled, naming the hooks the capture did not see.
-
-    Hooks that ran as Python (the module calls after a graph break, full backward hooks in backward)
-    are traced as usual; the surprise lists only the module-call hooks of the compiled module and its
-    submodules that were not seen firing: forward kinds with no event inside its compiled calls, backward
-    kinds with no event at all. They ran inside the compiled code or not at all.
-    """
+def compiled_windows(pending: Pending) -> Windows:
+    """The module calls that ran compiled by torch.compile, by module path (None: a module outside
+    the model): (seq of the call's `enter` event, seq of its `exit` event; -1 when not in the trace).
+    A fact of the capture; `analysis.compiled` says which hooks it hid."""
     compiled = set(pending.compiled)
-    windows: dict[Optional[str], list[tuple[int, int]]] = {}
+    calls: dict[Optional[str], list[tuple[int, int]]] = {}
     for enter, leave, _phase, module_id, *_ in islice(pending.module_calls, pending.n_module_calls):
         if enter in compiled:
-            windows.setdefault(pending.paths.get(module_id), []).append((enter, leave))
-    if not windows:
-        return []
+            calls.setdefault(pending.paths.get(module_id), []).append((enter, leave))
+    if not calls:
+        return {}
     to_event = _raw_to_event_seqs(pending)
-    fired: dict[int, list[int]] = {}
-    for e in trace.events:
-        if e.type == HOOK and e.hook is not None:
-            fired.setdefault(e.hook, []).append(e.seq)
-    out = []
-    for path, calls in windows.items():
-        label = ROOT if path == "" else (path if path is not None else "a module outside the model")
-        spans = [(to_event.get(enter, -1), to_event.get(leave, -1)) for enter, leave in calls]
-        hidden = []
-        for h in trace.hooks:
-            if h.kind not in _CALL_KINDS or not (
-                h.scope == GLOBAL or (h.scope == MODULE and _under(h.module, path))
-            ):
-                continue
-            seqs = fired.get(h.id, ())
-            if h.kind in _FORWARD_KINDS:
-                seen = any(a < s < b for s in seqs for a, b in spans)
-            else:
-                seen = bool(seqs)
-            if not seen:
-                hidden.append(h.id)
-        if not hidden:
-            continue  # every hook of it ran as Python and is traced: nothing to say
-        n, k = len(calls), len(hidden)
-        out.append(
-            Surprise(
-                rule="compiled",
-                message=(
-                    f"`{label}` ran compiled by torch.compile ({n} call{'s' if n != 1 else ''}): {k} hook"
-                    f"{'s' if k != 1 else ''} of it and its submodules did not fire as Python calls, so "
-                    f"{'they are' if k != 1 else 'it is'} not traced one by one: "
-                    f"{'they' if k != 1 else 'it'} ran inside the compiled code (in its graph, or called from it), "
-                    "or not at all "
-                    "(trace the eager model to see their order). Hooks that ran as Python (after a "
-                    "graph break, in backward) are traced as usual"
-                ),
-                hooks=hidden,
-                events=[to_event[enter] for enter, _ in calls if enter in to_event],
-            )
-        )
-    return out
-
-
-def _under(module: Optional[str], path: Optional[str]) -> bool:
-    if path is None:
-        return False
-    return module is not None and (path == "" or module == path or module.startswith(path + "."))
+    return {
+        path: [(to_event.get(enter, -1), to_event.get(leave, -1)) for enter, leave in spans]
+        for path, spans in calls.items()
+    }
 
 
 def _raw_to_event_seqs(pending: Pending) -> dict[int, int]:

@@ -47,8 +47,9 @@ class TraceSession:
         describe: Optional[Callable[[Trace], str]] = None,
         shapes: bool = False,
     ) -> None:
-        """`analyse(trace, deleted=ids)`: surprises to add to the capture's own when the trace is built
-        (ids: hooks their own code took out of their dict); `describe(trace)`: the counts the
+        """`analyse(trace, deleted=ids, compiled_calls=windows)`: the trace's surprises, made when it is
+        built from the capture's facts (ids: hooks their own code took out of their dict; windows: the
+        module calls that ran compiled, `build.compiled_windows`); `describe(trace)`: the counts the
         session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
         `analysis.counts.summary`: the capture analyses nothing. `shapes`: record what each hook
         received and returned (capture/shapes.py; `--shapes`)."""
@@ -162,7 +163,9 @@ class TraceSession:
             with gc_paused():
                 trace = build.build_trace(pending)
                 if self._analyse is not None:
-                    trace.surprises = self._analyse(trace, deleted=pending.deleted) + trace.surprises
+                    trace.surprises = self._analyse(
+                        trace, deleted=pending.deleted, compiled_calls=build.compiled_windows(pending)
+                    )
             self._trace = trace
             self._pending = None
         return self._trace

@@ -1,0 +1,77 @@
+"""The `compiled` surprise: hooks that ran inside code torch.compile made, so no Python call of
+theirs was seen. The capture records which module calls ran compiled (capture/build.py
+`compiled_windows`); this says which hooks of those modules the trace cannot show one by one.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+from .. import kinds
+from ..kinds import GLOBAL, HOOK, MODULE, K
+from ..schema import ROOT, Surprise, Trace
+
+# Kinds that run around a module call: under torch.compile, inside the compiled code or as Python.
+_CALL_KINDS = frozenset((*kinds.MODULE_KINDS, K.forward_wrapper))
+_FORWARD_KINDS = frozenset((*kinds.FORWARD_KINDS, K.forward_wrapper))
+
+Windows = Mapping[Optional[str], Sequence[tuple[int, int]]]
+
+
+def compiled(trace: Trace, windows: Windows) -> list[Surprise]:
+    """A `compiled` surprise per module that ran compiled, naming the hooks that were not seen.
+
+    `windows`: module path (None: outside the model) -> (enter, exit) event seqs of its compiled
+    calls. Hooks that ran as Python (the module calls after a graph break, full backward hooks in
+    backward) are traced as usual; the surprise lists only the module-call hooks of the compiled
+    module and its submodules that were not seen firing: forward kinds with no event inside its
+    compiled calls, backward kinds with no event at all. They ran inside the compiled code or not at all.
+    """
+    if not windows:
+        return []
+    fired: dict[int, list[int]] = {}
+    for e in trace.events:
+        if e.type == HOOK and e.hook is not None:
+            fired.setdefault(e.hook, []).append(e.seq)
+    out = []
+    for path, spans in windows.items():
+        label = ROOT if path == "" else (path if path is not None else "a module outside the model")
+        hidden = []
+        for h in trace.hooks:
+            if h.kind not in _CALL_KINDS or not (
+                h.scope == GLOBAL or (h.scope == MODULE and _under(h.module, path))
+            ):
+                continue
+            seqs = fired.get(h.id, ())
+            if h.kind in _FORWARD_KINDS:
+                seen = any(a < s < b for s in seqs for a, b in spans)
+            else:
+                seen = bool(seqs)
+            if not seen:
+                hidden.append(h.id)
+        if not hidden:
+            continue  # every hook of it ran as Python and is traced: nothing to say
+        n, k = len(spans), len(hidden)
+        out.append(
+            Surprise(
+                rule="compiled",
+                message=(
+                    f"`{label}` ran compiled by torch.compile ({n} call{'s' if n != 1 else ''}): {k} hook"
+                    f"{'s' if k != 1 else ''} of it and its submodules did not fire as Python calls, so "
+                    f"{'they are' if k != 1 else 'it is'} not traced one by one: "
+                    f"{'they' if k != 1 else 'it'} ran inside the compiled code (in its graph, or called from it), "
+                    "or not at all "
+                    "(trace the eager model to see their order). Hooks that ran as Python (after a "
+                    "graph break, in backward) are traced as usual"
+                ),
+                hooks=hidden,
+                events=[enter for enter, _ in spans if enter != -1],
+            )
+        )
+    return out
+
+
+def _under(module: Optional[str], path: Optional[str]) -> bool:
+    if path is None:
+        return False
+    return module is not None and (path == "" or module == path or module.startswith(path + "."))
