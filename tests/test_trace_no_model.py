@@ -130,3 +130,38 @@ def test_a_closure_given_to_optimizer_step_is_not_the_optimizer_phase():
     phases = [(zoo.labels[e.hook], e.phase) for e in t.trace.events if e.type == "hook"]
     assert phases == [("fc_out", "forward"), ("post", "optimizer")] * 2
     assert {e.phase for e in t.trace.events if e.type == "enter"} == {"forward"}
+
+
+def _parameter_hooks_before(traced_model: bool) -> tuple[list[str], list[str], hooktrace.Trace]:
+    """Parameter hooks registered before the block, on the model and on a loss module outside it."""
+    from .training_hooks import Log
+
+    torch.manual_seed(0)
+    net, head = Net(), torch.nn.Linear(3, 1)
+    L = Log()
+    net.fc.weight.register_hook(L.fn("fc.weight grad"))
+    net.fc.bias.register_post_accumulate_grad_hook(L.fn("fc.bias post"))
+    head.weight.register_hook(L.fn("head.weight grad"))
+    net.register_forward_hook(L.fn("net forward"))
+    with hooktrace.trace(net if traced_model else None) as t:
+        head(net(torch.ones(2, 4))).sum().backward()
+    return L.log, L.traced(t.trace), t.trace
+
+
+def test_parameter_hooks_registered_before_the_block_are_traced_without_a_model():
+    log, traced, trace = _parameter_hooks_before(traced_model=False)
+    assert traced == log  # the hooks' own record, every one of them
+    assert {"fc.weight grad", "fc.bias post", "head.weight grad"} <= set(traced)
+    assert not [s for s in trace.surprises if s.rule == "never-fired"]
+    # each on its parameter, named under its root as section 2b names modules without a model
+    tensors = {h.name: h.tensor for h in trace.hooks}
+    assert (
+        tensors["hook_fc.weight grad"] == "Net.fc.weight"
+        and tensors["hook_head.weight grad"] == "Linear.weight"
+    )
+
+
+def test_with_a_model_a_loss_module_outside_it_has_its_parameter_hooks_traced_too():
+    log, traced, trace = _parameter_hooks_before(traced_model=True)
+    assert traced == log and "head.weight grad" in traced
+    assert not [s for s in trace.surprises if s.rule == "never-fired"]

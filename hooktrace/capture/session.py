@@ -208,6 +208,7 @@ class TraceSession:
             views.call_impl_copy(),
             vars(torch.nn.Module)["_call_impl"],
             self._on_input,
+            self._on_new_module,
         )
         self._run_codes.add(module_call.__code__)
         self._module_call = module_call
@@ -321,6 +322,25 @@ class TraceSession:
                     record = self._book.wrap_tensor_hook(hd.d, hid, hd.kind, tensor)
                     if record is not None and record.tensor_desc is None:
                         record.tensor_desc = ("input of", self._rec.who(module))
+
+    def _on_new_module(self, module: Any) -> None:
+        """A module's first call in the block: hooks its parameters held before the block are traced
+        too (the model's were at the start; this reaches modules outside it, and every module when
+        `trace()` has no model)."""
+        params = module.__dict__.get("_parameters")
+        if not params:
+            return
+        with self._lock:
+            if not self._active:
+                return
+            for param in list(params.values()):
+                if param is None:
+                    continue
+                for hd in dicts.tensor_dicts(param):
+                    if hd.d:
+                        for hid in [*hd.d]:
+                            self._book.wrap_tensor_hook(hd.d, hid, hd.kind, param)
+                        self._book.infer_prepends(hd.d)
 
     # -- hooks held outside Python (capture/autograd.py) ---------------------------------
     def on_node_hook(self, d: dict, handle: RemovableHandle, kind: str, node: Any, frame: FrameType) -> None:

@@ -325,6 +325,7 @@ def make_module_call(
     call_impl: Callable[..., Any],
     original_call_impl: Callable[..., Any],
     on_input: Callable[[Any, Any], None],
+    on_new_module: Callable[[Any], None],
 ) -> Callable[..., Any]:
     """Replacement for `nn.Module.__call__` (PyTorch's `_wrapped_call_impl`): records `enter`/`exit`.
 
@@ -335,7 +336,8 @@ def make_module_call(
     recorded call whose seq goes to `rec.compiled`: its hooks run inside the graph. Modules
     whose class overrides `_call_impl` get theirs. `on_input(module, tensor)` sees positional tensor
     inputs that carry hooks registered before the block (an input's own hooks fire in backward and
-    are traced like any tensor hook). The output of modules with backward hooks is told to the
+    are traced like any tensor hook); `on_new_module(module)` sees each module's first call (its
+    parameters may hold hooks registered before the block). The output of modules with backward hooks is told to the
     capture by the `_call_impl` copy itself (views.hooktrace_output).
     """
     append = rec.calls.append
@@ -362,6 +364,8 @@ def make_module_call(
             key = rec.module_key(self)
             if id(self) not in module_ids:
                 compiled_calls.append(seq)
+            else:
+                on_new_module(self)
         for arg in args:  # plain tensors whose own hook dicts we may not know yet (hooks need grad)
             if arg.__class__ is tensor_class and arg._backward_hooks:
                 on_input(self, arg)
