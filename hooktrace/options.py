@@ -30,8 +30,8 @@ ROOT_LABEL = ROOT  # how the tree shows the root module; `--module "<root>"` sel
 VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
               "all_surprises": "--all-surprises"}  # fmt: skip
 _DEVICE = re.compile(r"(cpu|auto|meta|cuda(:\d+)?)")
-# Bounds of the numbers a run takes. A trace keeps every event in memory (a million events is about
-# 0.5 GB) and hook order settles within a few steps: --steps stops at ten thousand. --warmup keeps
+# Bounds of the numbers a run takes. A trace keeps every event in memory (benchmarks/README.md has
+# the bytes per event) and hook order settles within a few steps: --steps stops at ten thousand. --warmup keeps
 # nothing in memory but costs the time of a step each, and first-call work is over after one or two:
 # it stops at ten thousand too. --timeout is a finite number of seconds up to a week. --nproc: see
 # `max_nproc`.

@@ -27,11 +27,11 @@ PathLike = Union[str, "os.PathLike[str]"]
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_LEVEL = 1  # `save("x.json.gz")`: the fastest level; trace JSON compresses well even so
 # A `.json.gz` may inflate to at most max(INFLATE_FLOOR, INFLATE_RATIO x its own size), and never
-# past INFLATE_CAP: real traces compress 5-30x; a gzip bomb compresses about 1000x.
+# past INFLATE_CAP: far above what real traces compress by, far below a gzip bomb (benchmarks/README.md).
 INFLATE_FLOOR = 64 << 20
 INFLATE_RATIO = 100
 INFLATE_CAP = 2 << 30
-# A trace file, plain or compressed, is read only up to this size (a 1M-event trace is 51 MB plain).
+# A trace file, plain or compressed, is read only up to this size (far above a million events).
 READ_CAP = INFLATE_CAP
 _READ_CHUNK = 1 << 20
 SHORT = 60  # characters of a value from a file echoed in an error message
