@@ -24,6 +24,17 @@ SCOPES = (MODULE, GLOBAL, TENSOR, NODE, OPTIMIZER, SAVED_TENSORS)
 # How the root module (path "") is shown, and named in `tensor` ("output of <root>"); `--module` takes it.
 ROOT = "<root>"
 
+# How a hook's `tensor` names a tensor that is no parameter: "<place> <module path>" ("output of fc"),
+# or TENSOR alone when nothing tells where it came from.
+OUTPUT_OF, INPUT_OF, TENSOR_IN = "output of", "input of", "tensor in"
+TENSOR_PLACES = (OUTPUT_OF, INPUT_OF, TENSOR_IN)
+
+
+def names_parameter(tensor: Optional[str]) -> bool:
+    """A hook's `tensor` names a parameter ("fc.weight"), not an output, an input or another tensor."""
+    return bool(tensor) and tensor != TENSOR and not tensor.startswith(tuple(p + " " for p in TENSOR_PLACES))  # type: ignore[union-attr]
+
+
 # When an event happened (EVENT `phase`).
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER_PHASE, OTHER = (
     "forward",
@@ -53,7 +64,9 @@ class Kind(NamedTuple):
     optimizer; for global scope, on torch.nn.modules.module or torch.optim.optimizer). registers:
     (scope, name) of the `register_*` functions that add one, same owners. args: how many positional
     arguments PyTorch passes it (a `with_kwargs` hook gets one more), None when the capture takes
-    any. returned: what PyTorch uses a value the hook returns for, and who sees it then."""
+    any. returned: what PyTorch uses a value the hook returns for, and who sees it then (None: PyTorch
+    does not use it). call: for hooks of a call other than a module's (state dicts, registrations),
+    that call in words."""
 
     name: str
     scopes: tuple[str, ...]
@@ -65,6 +78,7 @@ class Kind(NamedTuple):
     registers: tuple[tuple[str, str], ...] = ()
     args: Optional[int] = None
     returned: Optional[str] = None
+    call: Optional[str] = None
 
 
 # family -> (legend words, DOT fill): one colour per family, so each colour has one legend entry
@@ -106,24 +120,29 @@ TABLE: dict[str, Kind] = {
              ((MODULE, "register_backward_hook"), (GLOBAL, "register_module_backward_hook")), 3, _GRAD_INPUT),
         # module scope: state dicts
         Kind("state_dict_pre", (MODULE,), OTHER, "state_dict pre-hook", None, None,
-             ((MODULE, "_state_dict_pre_hooks"),), ((MODULE, "register_state_dict_pre_hook"),)),
+             ((MODULE, "_state_dict_pre_hooks"),), ((MODULE, "register_state_dict_pre_hook"),), call="state_dict()"),
         Kind("state_dict", (MODULE,), OTHER, "state_dict hook", None, None, ((MODULE, "_state_dict_hooks"),),
              ((MODULE, "_register_state_dict_hook"), (MODULE, "register_state_dict_post_hook")),
-             returned="the state dict: the caller of state_dict() saw"),
+             returned="the state dict: the caller of state_dict() saw", call="state_dict()"),
         Kind("load_state_dict_pre", (MODULE,), OTHER, "load_state_dict pre-hook", None, None,
              ((MODULE, "_load_state_dict_pre_hooks"),),
-             ((MODULE, "_register_load_state_dict_pre_hook"), (MODULE, "register_load_state_dict_pre_hook"))),
+             ((MODULE, "_register_load_state_dict_pre_hook"), (MODULE, "register_load_state_dict_pre_hook")),
+             call="load_state_dict()"),
         Kind("load_state_dict_post", (MODULE,), OTHER, "load_state_dict post-hook", None, None,
-             ((MODULE, "_load_state_dict_post_hooks"),), ((MODULE, "register_load_state_dict_post_hook"),)),
+             ((MODULE, "_load_state_dict_post_hooks"),), ((MODULE, "register_load_state_dict_post_hook"),),
+             call="load_state_dict()"),
         # global scope: registrations
         Kind("module_registration", (GLOBAL,), OTHER, "module registration hook", None, None,
              ((GLOBAL, "_global_module_registration_hooks"),),
-             ((GLOBAL, "register_module_module_registration_hook"),)),
+             ((GLOBAL, "register_module_module_registration_hook"),),
+             returned="the module being registered: the module it was registered on holds it", call="module"),
         Kind("parameter_registration", (GLOBAL,), OTHER, "parameter registration hook", None, None,
              ((GLOBAL, "_global_parameter_registration_hooks"),),
-             ((GLOBAL, "register_module_parameter_registration_hook"),)),
+             ((GLOBAL, "register_module_parameter_registration_hook"),),
+             returned="the parameter being registered: the module holds it", call="parameter"),
         Kind("buffer_registration", (GLOBAL,), OTHER, "buffer registration hook", None, None,
-             ((GLOBAL, "_global_buffer_registration_hooks"),), ((GLOBAL, "register_module_buffer_registration_hook"),)),
+             ((GLOBAL, "_global_buffer_registration_hooks"),), ((GLOBAL, "register_module_buffer_registration_hook"),),
+             returned="the buffer being registered: the module holds it", call="buffer"),
         # tensor scope
         Kind("grad", (TENSOR,), BACKWARD, "tensor grad hook", "tensor", "yellow", ((TENSOR, "_backward_hooks"),),
              ((TENSOR, "register_hook"),), 1,
@@ -141,17 +160,20 @@ TABLE: dict[str, Kind] = {
         # version 2: optimizers (per optimizer, and the global register_optimizer_step_* ones)
         Kind("optimizer_step_pre", (OPTIMIZER, GLOBAL), OPTIMIZER_PHASE, "optimizer step pre-hook", "optimizer",
              "bright_magenta", ((OPTIMIZER, "_optimizer_step_pre_hooks"), (GLOBAL, "_global_optimizer_pre_hooks")),
-             ((OPTIMIZER, "register_step_pre_hook"), (GLOBAL, "register_optimizer_step_pre_hook")), 3),
+             ((OPTIMIZER, "register_step_pre_hook"), (GLOBAL, "register_optimizer_step_pre_hook")), 3,
+             "the (args, kwargs) of step(): the hooks after it and the step saw"),
         Kind("optimizer_step_post", (OPTIMIZER, GLOBAL), OPTIMIZER_PHASE, "optimizer step post-hook", "optimizer",
              "bright_magenta", ((OPTIMIZER, "_optimizer_step_post_hooks"), (GLOBAL, "_global_optimizer_post_hooks")),
              ((OPTIMIZER, "register_step_post_hook"), (GLOBAL, "register_optimizer_step_post_hook")), 3),
         Kind("optimizer_state_dict_pre", (OPTIMIZER,), OTHER, "optimizer state_dict pre-hook", None, None,
              ((OPTIMIZER, "_optimizer_state_dict_pre_hooks"),), ((OPTIMIZER, "register_state_dict_pre_hook"),), 1),
         Kind("optimizer_state_dict", (OPTIMIZER,), OTHER, "optimizer state_dict hook", None, None,
-             ((OPTIMIZER, "_optimizer_state_dict_post_hooks"),), ((OPTIMIZER, "register_state_dict_post_hook"),), 2),
+             ((OPTIMIZER, "_optimizer_state_dict_post_hooks"),), ((OPTIMIZER, "register_state_dict_post_hook"),), 2,
+             "the optimizer's state dict: the caller of state_dict() saw"),
         Kind("optimizer_load_state_dict_pre", (OPTIMIZER,), OTHER, "optimizer load_state_dict pre-hook", None,
              None, ((OPTIMIZER, "_optimizer_load_state_dict_pre_hooks"),),
-             ((OPTIMIZER, "register_load_state_dict_pre_hook"),), 2),
+             ((OPTIMIZER, "register_load_state_dict_pre_hook"),), 2,
+             "the state dict to load: the hooks after it and load_state_dict() saw"),
         Kind("optimizer_load_state_dict_post", (OPTIMIZER,), OTHER, "optimizer load_state_dict post-hook", None,
              None, ((OPTIMIZER, "_optimizer_load_state_dict_post_hooks"),),
              ((OPTIMIZER, "register_load_state_dict_post_hook"),), 1),
@@ -202,13 +224,15 @@ def family_of(kind: Optional[str]) -> Optional[str]:
     return info.family if info is not None else None
 
 
-# Groups that analysis and capture test membership in.
-MODULE_KINDS = ("forward_pre", "forward", "backward_pre", "backward", "backward_legacy")  # around a call
-FORWARD_KINDS = ("forward_pre", "forward")
-BACKWARD_CALL_KINDS = ("backward_pre", "backward", "backward_legacy")  # a module call's, in backward
+# Groups that analysis and capture test membership in, from the rows.
+MODULE_KINDS = tuple(k.name for k in TABLE.values() if k.scopes == _MG)  # around a module call
+FORWARD_KINDS = tuple(k for k in MODULE_KINDS if TABLE[k].phase is ENCLOSING)
+BACKWARD_CALL_KINDS = tuple(
+    k for k in MODULE_KINDS if TABLE[k].phase == BACKWARD
+)  # a module call's, in backward
 CLOSING_KINDS = ("backward", "backward_legacy")  # the last PyTorch runs for one module call in backward
-STATE_DICT_KINDS = ("state_dict_pre", "state_dict", "load_state_dict_pre", "load_state_dict_post")
-REGISTRATION_KINDS = ("module_registration", "parameter_registration", "buffer_registration")
+STATE_DICT_KINDS = tuple(k.name for k in TABLE.values() if k.scopes == (MODULE,) and k.call is not None)
+REGISTRATION_KINDS = tuple(k.name for k in TABLE.values() if k.scopes == (GLOBAL,) and k.call is not None)
 TENSOR_KINDS = kinds_of(TENSOR)
 NODE_KINDS = kinds_of(NODE)
 OPTIMIZER_KINDS = kinds_of(OPTIMIZER)

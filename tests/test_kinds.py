@@ -122,14 +122,18 @@ def test_tables_keyed_by_kind_phase_or_family_cover_every_one() -> None:
 
 
 # -- no kind, phase, scope or event type spelled outside kinds.py ---------------------------------------
-WORDS = set(kinds.KINDS) | set(kinds.SCOPES) | set(PHASES) | set(kinds.EVENT_TYPES)
+WORDS = set(kinds.KINDS) | set(kinds.SCOPES) | set(PHASES) | set(kinds.EVENT_TYPES) | {kinds.ROOT}
 NOT_A_KIND = "# not a kind"  # on a line, or the line above it: its word only looks like one (an option)
-_TEXT_CALLS = ("Surprise", "plural", "startswith", "endswith", "getattr", "hasattr", "setattr", "attr")
+# calls whose string arguments are words for people or attribute names, never a kind looked up
+_TEXT_CALLS = ("Surprise", "plural", "getattr", "hasattr", "setattr", "attr")
 
 
 def _spelled(path: Path) -> list[tuple[int, str]]:
-    """String constants in `path` that are a kind, phase, scope or event type, outside docstrings,
-    dict keys, subscripts, f-strings, `__slots__`, words passed to `_TEXT_CALLS` and marked lines."""
+    """String constants in `path` that are a kind, phase, scope, event type or the root label, outside
+    docstrings, f-strings, `__slots__`, words passed to `_TEXT_CALLS`, record field names (dict keys
+    beside other keys, subscripts by a field name) and marked lines. A dict keyed only by such words,
+    a subscript by a kind and a `startswith` argument count: a table keyed by kind, or a kind told by
+    its name, is one more place to edit when a kind is added."""
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     tree = ast.parse(text)
@@ -139,10 +143,13 @@ def _spelled(path: Path) -> list[tuple[int, str]]:
         if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body:
             if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 skip.add(id(body[0].value))
-        if isinstance(n, ast.Dict):
-            skip.update(id(k) for k in n.keys if k is not None)
-        elif isinstance(n, ast.Subscript):
-            skip.add(id(n.slice))
+        if isinstance(n, ast.Dict):  # a record's field names pass; a table keyed by kinds or phases does not
+            keys = [k.value for k in n.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            if len(keys) < 2 or not set(keys) <= WORDS:
+                skip.update(id(k) for k in n.keys if k is not None)
+        elif isinstance(n, ast.Subscript):  # d["module"] (a field) passes; d["pack"] (a kind) does not
+            if not (isinstance(n.slice, ast.Constant) and n.slice.value in kinds.KINDS):
+                skip.add(id(n.slice))
         elif isinstance(n, ast.JoinedStr):
             skip.update(id(v) for v in n.values)
         elif isinstance(n, ast.Call):
@@ -182,3 +189,24 @@ def test_the_spelling_check_finds_a_spelled_kind(tmp_path: Path) -> None:
     assert _spelled(code) == [(2, "forward_pre"), (2, "recompute")]
     code.write_text('x = "node"  # not a kind\nplural(2, "hook")\n')
     assert _spelled(code) == []
+
+
+def test_the_spelling_check_finds_tables_keyed_by_kind_and_kinds_told_by_name(tmp_path: Path) -> None:
+    code = tmp_path / "x.py"
+    code.write_text(
+        'FILL = {"forward": 1, "backward": 2}\n'  # a table keyed by phases
+        'style = STYLES["pack"]\n'  # a subscript by a kind
+        'k.startswith("optimizer")\n'  # a kind told by its name
+        'row = {"module": m, "hook": h, "seq": 1}\n'  # a record's fields: fine
+        'path = event["module"]\n'
+    )
+    assert sorted(_spelled(code)) == [(1, "backward"), (1, "forward"), (2, "pack"), (3, "optimizer")]
+
+
+def test_what_a_returned_value_means_covers_every_kind_and_agrees_with_the_rows() -> None:
+    """capture/returned.py's SAME (is the value returned the one PyTorch passed?) has every kind;
+    a kind whose returned value PyTorch ignores has no `returned` words in its row, and the reverse."""
+    from hooktrace.capture import returned
+
+    assert set(returned.SAME) == set(TABLE)
+    assert returned.RETURN_IGNORED == {k for k, info in TABLE.items() if info.returned is None}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ..kinds import GLOBAL, HOOK, NODE, OPTIMIZER, SAVED_TENSORS
+from ..kinds import GLOBAL, HOOK, NODE, OPTIMIZER, OPTIMIZER_KINDS, SAVED_TENSORS, TENSOR, names_parameter
 from ..schema import ROOT, Event, Hook, Trace
 from .counts import plural  # noqa: F401  (re-exported for the surprise rules)
 
@@ -72,13 +72,18 @@ def hook_of(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
         return None
 
 
+def on_parameter(hook: Hook) -> bool:
+    """A tensor hook on a parameter ("fc.weight"), not on an output, an input or another tensor."""
+    return hook.scope == TENSOR and names_parameter(hook.tensor)
+
+
 def place(hook: Hook) -> str:
     """What a hook is on, in words: its tensor, its module, or — for hooks that belong to no module —
     what they fire for (never "a module outside the model" for a global, optimizer or saved-tensor hook)."""
     if hook.tensor:
         return hook.tensor
     if hook.scope == GLOBAL:
-        return "every optimizer" if hook.kind.startswith("optimizer") else "every module (global)"
+        return "every optimizer" if hook.kind in OPTIMIZER_KINDS else "every module (global)"
     if hook.scope == OPTIMIZER:
         return "an optimizer"
     if hook.scope == SAVED_TENSORS:

@@ -19,9 +19,11 @@ from ..kinds import (
     FORWARD_KINDS,
     GLOBAL,
     HOOK,
+    INPUT_OF,
     MODULE,
     NODE,
     OPTIMIZER_KINDS,
+    OUTPUT_OF,
     REGISTRATION_KINDS,
     SAVED_TENSORS,
     STATE_DICT_KINDS,
@@ -145,14 +147,13 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
     if kind == K.comm and hook.name.endswith("(built-in)"):
         return "a built-in (C++) comm hook runs inside DDP's reducer, where hooktrace cannot see it", "info"
     if kind in STATE_DICT_KINDS:
-        call = "load_state_dict()" if kind.startswith("load") else "state_dict()"
-        family = [k for k in STATE_DICT_KINDS if k.startswith("load") == kind.startswith("load")]
+        call = TABLE[kind].call
+        family = [k for k in STATE_DICT_KINDS if TABLE[k].call == call]
         if not facts.kinds_fired.intersection(family):
             return f"no {call} call was made while tracing", NOT_ASKED
         return f"{call} ran while tracing, but no call reached {_where(hook.module)}", NOT_ASKED
     if kind in REGISTRATION_KINDS:
-        what = kind.split("_")[0]
-        return f"no {what} was registered after it, while tracing", NOT_ASKED
+        return f"no {TABLE[kind].call} was registered after it, while tracing", NOT_ASKED
     if kind in OPTIMIZER_KINDS:
         if K.state_dict in kind:
             call = "load_state_dict()" if "load" in kind else "state_dict()"
@@ -274,7 +275,9 @@ def _gradient_inside(facts: _Facts, module: str, steps: set) -> list[str]:
             ):
                 found.append(f"{_where(e.module)} ({_label(other)})")
         elif (
-            other.scope == TENSOR and other.tensor and not other.tensor.startswith(("output of", "input of"))
+            other.scope == TENSOR
+            and other.tensor
+            and not other.tensor.startswith((OUTPUT_OF + " ", INPUT_OF + " "))
         ):
             if other.module == module or _inside(other.module, module):
                 found.append(f"{other.tensor} ({_label(other)})")

@@ -33,7 +33,7 @@ from .accumulating import accumulating
 from .calls import Call, in_order
 from .calls import calls as module_calls
 from .compiled import Windows, compiled
-from .firings import firings, hook_of, level_of, place, plural
+from .firings import firings, hook_of, level_of, on_parameter, place, plural
 from .identity import identity
 from .never_fired import never_fired
 from .training import forward_wrapper, step_in_grad_hook
@@ -300,12 +300,6 @@ def hook_error(trace: Trace) -> list[Surprise]:
 
 
 # -- registration -------------------------------------------------------------------------------
-def _on_parameter(hook: Hook) -> bool:
-    return (
-        hook.scope == TENSOR
-        and bool(hook.tensor)
-        and not hook.tensor.startswith(("output of", "input of", "tensor in", "tensor"))  # type: ignore[union-attr]
-    )
 
 
 def registered_during_run(trace: Trace) -> list[Surprise]:
@@ -316,7 +310,7 @@ def registered_during_run(trace: Trace) -> list[Surprise]:
         for h in trace.hooks
         if h.registered_during_run
         and h.scope not in (NODE, SAVED_TENSORS)
-        and (h.scope != TENSOR or _on_parameter(h))
+        and (h.scope != TENSOR or on_parameter(h))
     ]
     if not hooks:
         return []

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Optional
 
-from ..kinds import HOOK, OPTIMIZER_PHASE, TENSOR, K
-from ..schema import ROOT, Event, Hook, Surprise, Trace
+from ..kinds import HOOK, OPTIMIZER_PHASE, K
+from ..schema import ROOT, Event, Surprise, Trace
 from .calls import calls as module_calls
-from .firings import hook_of, level_of, plural
+from .firings import hook_of, level_of, on_parameter, plural
 
 
 def _where(path: Optional[str]) -> str:
@@ -83,7 +83,7 @@ def step_in_grad_hook(trace: Trace) -> list[Surprise]:
     for e in trace.events:
         if e.type == HOOK and e.kind == K.grad:
             hook = hook_of(trace, e.hook)
-            if hook is not None and hook.scope == TENSOR and _on_parameter(hook):
+            if hook is not None and on_parameter(hook):
                 grad_events.append((e, hook))
     found: dict[int, list[Event]] = defaultdict(list)
     for outer, hook in grad_events:
@@ -107,8 +107,3 @@ def step_in_grad_hook(trace: Trace) -> list[Surprise]:
             )
         )
     return out
-
-
-def _on_parameter(hook: Hook) -> bool:
-    tensor = hook.tensor or ""
-    return bool(tensor) and not tensor.startswith(("output of", "input of", "tensor in", "tensor"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kinds import K
 from .shapes import NOT_GIVEN as _MISSING
 
 
@@ -62,33 +63,33 @@ def _ignored(result: Any, *args: Any) -> bool:  # PyTorch does not use what thes
 
 
 SAME = {
-    "forward_pre": _same_pre,
-    "forward": _same_last,
-    "backward_pre": _same_second,
-    "backward": _same_second,
-    "backward_legacy": _same_second,
-    "grad": _same_first,
-    "post_accumulate_grad": _ignored,
-    "state_dict_pre": _ignored,
-    "state_dict": _same_second,
-    "load_state_dict_pre": _ignored,
-    "load_state_dict_post": _ignored,
-    "module_registration": _same_third,
-    "parameter_registration": _same_third,
-    "buffer_registration": _same_third,
-    "node_pre": _same_first,  # grad_outputs -> replaced grad_outputs
-    "node": _same_first,  # PyTorch uses what a post hook returns in place of grad_inputs
+    K.forward_pre: _same_pre,
+    K.forward: _same_last,
+    K.backward_pre: _same_second,
+    K.backward: _same_second,
+    K.backward_legacy: _same_second,
+    K.grad: _same_first,
+    K.post_accumulate_grad: _ignored,
+    K.state_dict_pre: _ignored,
+    K.state_dict: _same_second,
+    K.load_state_dict_pre: _ignored,
+    K.load_state_dict_post: _ignored,
+    K.module_registration: _same_third,
+    K.parameter_registration: _same_third,
+    K.buffer_registration: _same_third,
+    K.node_pre: _same_first,  # grad_outputs -> replaced grad_outputs
+    K.node: _same_first,  # PyTorch uses what a post hook returns in place of grad_inputs
     # pack's result is what autograd stores, unpack's what it restores: their purpose, not a value that
     # replaced what other hooks see (no `replaced-value` for them)
-    "pack": _ignored,
-    "unpack": _ignored,
-    "comm": _ignored,  # the future is the hook's result, not a replacement
-    "forward_wrapper": _ignored,  # the forward's output, not a replacement
-    "optimizer_step_pre": _same_pre,  # (args, kwargs) -> (args, kwargs)
-    "optimizer_step_post": _ignored,
-    "optimizer_state_dict_pre": _ignored,
-    "optimizer_state_dict": _same_second,
-    "optimizer_load_state_dict_pre": _same_second,
-    "optimizer_load_state_dict_post": _ignored,
+    K.pack: _ignored,
+    K.unpack: _ignored,
+    K.comm: _ignored,  # the future is the hook's result, not a replacement
+    K.forward_wrapper: _ignored,  # the forward's output, not a replacement
+    K.optimizer_step_pre: _same_pre,  # (args, kwargs) -> (args, kwargs)
+    K.optimizer_step_post: _ignored,
+    K.optimizer_state_dict_pre: _ignored,
+    K.optimizer_state_dict: _same_second,
+    K.optimizer_load_state_dict_pre: _same_second,
+    K.optimizer_load_state_dict_post: _ignored,
 }
 RETURN_IGNORED = frozenset(kind for kind, same in SAME.items() if same is _ignored)

@@ -19,7 +19,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..io import gc_paused
-from ..kinds import NODE, TENSOR, K
+from ..kinds import INPUT_OF, NODE, TENSOR, K
 from ..schema import Meta, Surprise, Trace
 from . import autograd, build, comm, dicts, dynamo, ending, optim, registry, roots, shims, sites, views
 from .records import HookBook, Site
@@ -321,7 +321,7 @@ class TraceSession:
                 for hid in [*(hd.d or ())]:
                     record = self._book.wrap_tensor_hook(hd.d, hid, hd.kind, tensor)
                     if record is not None and record.tensor_desc is None:
-                        record.tensor_desc = ("input of", self._rec.who(module))
+                        record.tensor_desc = (INPUT_OF, self._rec.who(module))
 
     def _on_new_module(self, module: Any) -> None:
         """A module's first call in the block: hooks its parameters held before the block are traced

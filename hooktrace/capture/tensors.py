@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..kinds import NODE, TENSOR, K
+from ..kinds import INPUT_OF, NODE, OUTPUT_OF, TENSOR, TENSOR_IN, K
 from ..schema import ROOT
 from . import shims
 
@@ -56,7 +56,7 @@ class TensorNamer:
         """
         known = self._outputs.get(id(tensor))
         if known is not None and known[0]() is tensor:
-            return ("output of", known[1])
+            return (OUTPUT_OF, known[1])
         while frame is not None:
             call = shims.shim_call(frame)
             if call is not None:
@@ -64,12 +64,12 @@ class TensorNamer:
                 kind, owner = self._kind_of_hook(hook_id)
                 mod = self._who(mod) if mod is not None else owner if owner is not None else self._who(None)
                 if kind == K.forward and args and _contains(args[-1], tensor):
-                    return ("output of", mod)
+                    return (OUTPUT_OF, mod)
                 if kind in (K.forward, K.forward_pre) and len(args) > 1 and _contains(args[1], tensor):
-                    return ("input of", mod)
-                return ("tensor in", mod)
+                    return (INPUT_OF, mod)
+                return (TENSOR_IN, mod)
             if frame.f_code in self._run_codes:
-                return ("tensor in", self._who(frame.f_locals.get("self")))
+                return (TENSOR_IN, self._who(frame.f_locals.get("self")))
             frame = frame.f_back
         return None
 

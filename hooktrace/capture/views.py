@@ -299,13 +299,13 @@ def hooktrace_forward(module: Any) -> Any:
         run = _run_compiled
         if run is None:
             return module.forward
-        compiled, inner = md["forward"], md["_modules"]["_orig_mod"]
+        compiled, inner = md["forward"], md["_modules"]["_orig_mod"]  # not a kind: the method
 
         def hooktrace_compiled_forward(*args: Any, **kwargs: Any) -> Any:
             return run(inner, compiled, args, kwargs)  # m's own `__call__` in it: its hooks are traced
 
         return hooktrace_compiled_forward
-    forward = md["forward"]
+    forward = md["forward"]  # not a kind: the method set on the instance
     if getattr(forward, "__self__", None) is module and getattr(forward, "__func__", None) is getattr(
         type(module), "forward", None
     ):
