@@ -149,5 +149,13 @@ def test_every_consumer_agrees_on_which_calls_closed_on_a_cut_interrupted_trace(
             of_module = [c for c in paired if c.module == module]
             says_raised = any(f"every call of {shown} raised" in m for m in surprises)
             assert says_raised == (bool(of_module) and all(c.raised for c in of_module)), (name, surprises)
+        # the hook that raised: "no always_call forward hook ran after it" only when the trace holds
+        # the end of the call it raised in (the same pairing); with its enter lost, nothing is claimed
+        for e in events:
+            if e.type == "hook" and e.error:
+                holding = [c for c in paired if c.module == e.module and c.holds(e)]
+                ended = bool(holding) and holding[-1].end is not None
+                [error] = [s.message for s in find_surprises(trace) if s.rule == "hook-error"]
+                assert ("No always_call forward hook ran after it" in error) == ended, (name, error)
         checked += bool(expected)
     assert checked >= 10  # most windows hold a raising call

@@ -14,7 +14,6 @@ from typing import Callable, Collection, Iterable, Optional
 
 from ..kinds import (
     BACKWARD,
-    EXIT,
     FORWARD,
     FORWARD_KINDS,
     GLOBAL,
@@ -278,11 +277,10 @@ def hook_error(trace: Trace) -> list[Surprise]:
             seqs, calls = [x.seq for x in events], module_calls(trace)
         # the rest of the call the hook raised in: its module's innermost call holding it
         call = next((c for c in reversed(calls) if c.module == e.module and c.holds(e)), None)
+        # no call holds it (its enter is not in the trace): nothing is claimed of the rest of that call
         still: list[Event] = []
-        for later in islice(events, bisect.bisect_right(seqs, e.seq), None):
-            if call is not None and call.end is not None and later.seq >= call.end:
-                break
-            if call is None and later.module == e.module and later.type == EXIT:
+        for later in islice(events, bisect.bisect_right(seqs, e.seq), None) if call is not None else ():
+            if call.end is not None and later.seq >= call.end:
                 break
             if later.type == HOOK and later.module == e.module and later.kind == K.forward:
                 other = hook_of(trace, later.hook)
@@ -292,7 +290,9 @@ def hook_error(trace: Trace) -> list[Surprise]:
         if still:
             ran = names(label(trace.hook(s.hook)) for s in still)  # type: ignore[arg-type]
             message += f" always_call forward hook{'s' if len(still) > 1 else ''} that still ran: {ran}."
-        elif e.kind in FORWARD_KINDS:
+        elif (
+            e.kind in FORWARD_KINDS and call is not None and call.end is not None
+        ):  # the call ended in the trace
             message += " No always_call forward hook ran after it."
         ids = [i for i in (e.hook, *(s.hook for s in still)) if i is not None]
         out.append(Surprise("hook-error", message, ids, [e.seq, *(s.seq for s in still)], level="warn"))
