@@ -8,16 +8,16 @@ Only typer's public API is used. torch is imported only by `run` and `hooks`, on
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import traceback as _traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
+from typing import Any, List, NoReturn, Optional
 
 import typer
 
-from .compare import load_side_file, load_trace_file, print_comparison
+from . import script_commands as sc
+from .compare import load_side_file, load_trace_file, print_comparison, safe_lines
 from .options import (
     PHASE_CHOICES,
     ROOT_LABEL,
@@ -32,14 +32,11 @@ from .options import (
 )
 from .outputs import console as _console
 from .outputs import emit_page as _emit
-from .outputs import is_html as _is_html
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
 from .outputs import text_or_html as _text_or_html
 from .render import RENDERERS
-
-if TYPE_CHECKING:
-    from .compare import Side
+from .script_commands import rank_files_note as _rank_files_note  # noqa: F401  (tests read it here)
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 FORMATS = tuple(RENDERERS)  # the renderer registry's names
@@ -128,14 +125,6 @@ grouped_options = grouped(
 )  # fmt: skip
 
 
-def _safe(message: str) -> str:
-    """Lines of text from names, paths and files, their control characters (and lone surrogates,
-    which stdout cannot encode) shown escaped."""
-    from .render.safe import safe_text
-
-    return "\n".join(safe_text(line) for line in message.split("\n"))
-
-
 def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
     """Exit 2 with one `error:` line (and the traceback when asked)."""
     if show_traceback:
@@ -145,79 +134,6 @@ def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
         message = message.replace(" (--traceback shows where)", "")
     _stderr(f"error: {message}")
     raise typer.Exit(EXIT_USAGE)
-
-
-def _run_ranks(
-    target: str,
-    nproc: int,
-    rank: Optional[int],
-    options: RunOptions,
-    fmt: Optional[str],
-    output: Optional[Path],
-    golden: Optional[Side],
-    view: dict[str, Any],
-    show_traceback: bool = False,
-    quiet: bool = False,
-) -> int:
-    """`--nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
-    from .ranks import DEFAULT_TIMEOUT, run_ranks
-
-    if output is not None:
-        _stderr(_rank_files_note(str(output), nproc))
-    ranks = run_ranks(
-        target,
-        nproc,
-        out=str(output) if output is not None else None,
-        options=dataclasses.replace(options, timeout=None),
-        timeout=options.timeout if options.timeout is not None else DEFAULT_TIMEOUT,
-        show_rank=rank or 0,
-    )
-    if ranks.usage_error is not None:
-        raise UsageError(ranks.usage_error)
-    html = _is_html(fmt, output)
-    if html:  # every rank in one page, the divergence marked
-        from .render.html import ranks_html
-
-        traces = {o.rank: o.trace for o in ranks.ranks if o.trace is not None}
-        if traces:
-            names = {o.rank: o.trace_path for o in ranks.ranks if o.trace_path is not None}
-            page = ranks_html(traces, names, missing=[o.rank for o in ranks.ranks if o.trace is None])
-            _emit(page, output, f"html: {len(traces)} ranks")
-    elif ranks.shown is not None and not quiet:
-        _output(ranks.shown, fmt, None, view)
-    if quiet:  # -q: the ranks' summary only when they failed or diverged
-        if ranks.exit_code != EXIT_OK:
-            _stderr(ranks.summary())
-    elif fmt in (None, "tree"):
-        print(_safe(ranks.summary()))
-    else:  # keep stdout one document (`-f json | jq`)
-        _stderr(ranks.summary())
-    if show_traceback:
-        for failed in ranks.failed:
-            if failed.traceback:  # from the rank's elastic error file
-                _stderr(f"rank {failed.rank} ({failed.state}):\n{failed.traceback.rstrip()}")
-    code = ranks.exit_code
-    if golden is not None and ranks.shown is not None:
-        from .compare import Side
-
-        shown = Side(ranks.shown, False, f"rank {ranks.show_rank}")
-        if not print_comparison(golden, shown, check=True, quiet=quiet):
-            code = max(code, EXIT_DIFFERENT)
-    return code
-
-
-def _rank_files_note(output: str, nproc: int) -> str:
-    """What `-o` becomes with --nproc: one trace file per rank, JSON whatever the extension."""
-    from .ranks.result import rank_trace_path
-
-    first, last = rank_trace_path(output, 0), rank_trace_path(output, nproc - 1)
-    files = first if nproc == 1 else f"{first} … {last}" if nproc > 2 else f"{first} and {last}"
-    note = f"note: --nproc writes one trace per rank: {files}"
-    if output.lower().endswith((".html", ".htm")):
-        note += f", and {Path(output).name}: every rank in one page"
-    elif not output.lower().endswith((".json", ".json.gz")):
-        note += f" (JSON, not {Path(output).name}); draw one with: hooktrace render {first} -o {output}"
-    return note
 
 
 # -- commands -------------------------------------------------------------------------------------
@@ -271,7 +187,7 @@ def run(
         if nproc is not None and profile is not None:
             raise UsageError("--profile goes with one process; drop --nproc, or profile one rank's script")
         if nproc is not None:
-            code = _run_ranks(target, nproc, rank, options, format, output, golden, view, traceback, quiet)
+            code = sc.run_ranks(target, nproc, rank, options, format, output, golden, view, traceback, quiet)
             raise typer.Exit(code)
         from .target import load_factory
 
@@ -286,24 +202,7 @@ def run(
             _output(result.trace, format, output, view, quiet)
     except UsageError as exc:
         _fail(exc, traceback)
-    for note in result.notes:
-        _stderr(f"note: {note}")
-    code = EXIT_OK
-    if result.exception is not None:
-        if traceback:
-            exc = result.exception
-            _traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        _stderr(f"run failed: {result.error}")
-        code = EXIT_DIFFERENT
-    if golden is not None:
-        from .compare import Side
-
-        if not print_comparison(golden, Side(result.trace, False, target), check=True, quiet=quiet):
-            code = EXIT_DIFFERENT
-    if result.stopped_by is not None:
-        _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
-        code = 128 + result.stopped_by.value
-    raise typer.Exit(code)
+    raise typer.Exit(sc.run_outcome(result, target, golden, quiet, traceback))
 
 
 @app.command()
@@ -409,8 +308,6 @@ def exec_(
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Run SCRIPT.py (or -m MODULE) as python would; trace the hooks of a window of its steps."""
-    from . import script_commands as sc
-
     try:
         format, output, check, quiet = out.checked(FORMATS).astuple()
         view = shown.given()
@@ -418,8 +315,7 @@ def exec_(
         golden = load_side_file(check) if check is not None else None
         if nproc is not None:
             raise typer.Exit(sc.run_exec_ranks(nproc, options, format, view, script or [], as_module, output))
-        compare = golden and (lambda seen: print_comparison(golden, seen, check=True, quiet=quiet))  # noqa: E731
-        raise typer.Exit(sc.run_exec(target, options, format, output, view, quiet, compare))
+        raise typer.Exit(sc.run_exec(target, options, format, output, view, quiet, golden))
     except UsageError as exc:
         _fail(exc, traceback)
 
@@ -432,20 +328,18 @@ def ranks(
     traceback: bool = TRACEBACK_OPT,
 ) -> None:
     """Do the ranks' hook orders agree? Per-rank traces from any nodes (exec under torchrun, run --nproc)."""
-    from .script_commands import ranks_page, ranks_summary
-
     try:
         html = _text_or_html(format, output, "ranks")
         traces = [(path, load_trace_file(path)) for path in files]
-        text, code = ranks_summary(traces)
+        text, code = sc.ranks_summary(traces)
         if html:
-            _emit(ranks_page(traces), output, f"html: {len(traces)} ranks, the first divergence marked")
+            _emit(sc.ranks_page(traces), output, f"html: {len(traces)} ranks, the first divergence marked")
     except UsageError as exc:
         _fail(exc, traceback)
     if html and output is None:  # stdout holds the page
         _stderr(text)
     else:
-        print(_safe(text))
+        print(safe_lines(text))
     raise typer.Exit(code)
 
 

@@ -1,15 +1,20 @@
-"""What the `exec` and `ranks` commands do once parsed (SPEC §2b): run a script and show its window's
-trace (on one rank, or rank 0 of many), launch N ranks, and say whether per-rank traces agree.
+"""What the `run`, `exec` and `ranks` commands do once parsed (SPEC §2, §2b): where the picture, the
+ranks' summary and the notes go once a run is over, and its exit code (a failure, the `--check`
+comparison, a stop signal); run a script and show its window's trace (on one rank, or rank 0 of
+many); launch N ranks, and say whether per-rank traces agree.
 cli.py parses and calls these; they return exit codes and raise UsageError for bad input.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from .options import VIEW_FLAGS, UsageError
+from .compare import Side, print_comparison, safe_lines
+from .options import VIEW_FLAGS, RunOptions, UsageError
 from .outputs import emit_page as _emit
 from .outputs import is_html
 from .outputs import output as _output
@@ -17,10 +22,109 @@ from .outputs import stderr_line as _stderr
 from .outputs import write as _write
 
 if TYPE_CHECKING:
-    from .compare import Side
+    from .runs.factory import RunResult
     from .schema import Trace
 
-EXIT_DIFFERENT = 1
+EXIT_OK, EXIT_DIFFERENT = 0, 1
+
+
+def _differs(golden: Optional[Side], observed: Trace, name: str, quiet: bool) -> bool:
+    """`--check GOLDEN`: whether `observed` differs from it (the differences printed); False without one."""
+    if golden is None:
+        return False
+    return not print_comparison(golden, Side(observed, False, name), check=True, quiet=quiet)
+
+
+def run_outcome(
+    result: RunResult, label: str, golden: Optional[Side], quiet: bool, show_traceback: bool
+) -> int:
+    """After `run` has shown its trace: the run's notes, its failure, the `--check` comparison and the
+    signal that stopped it, on stderr; the exit code."""
+    for note in result.notes:
+        _stderr(f"note: {note}")
+    code = EXIT_OK
+    if result.exception is not None:
+        if show_traceback:
+            exc = result.exception
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        _stderr(f"run failed: {result.error}")
+        code = EXIT_DIFFERENT
+    if _differs(golden, result.trace, label, quiet):
+        code = EXIT_DIFFERENT
+    if result.stopped_by is not None:
+        _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
+        code = 128 + result.stopped_by.value
+    return code
+
+
+def run_ranks(
+    target: str,
+    nproc: int,
+    rank: Optional[int],
+    options: RunOptions,
+    fmt: Optional[str],
+    output: Optional[Path],
+    golden: Optional[Side],
+    view: dict[str, Any],
+    show_traceback: bool = False,
+    quiet: bool = False,
+) -> int:
+    """`run --nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
+    from .ranks import DEFAULT_TIMEOUT
+    from .ranks import run_ranks as launch
+
+    if output is not None:
+        _stderr(rank_files_note(str(output), nproc))
+    ranks = launch(
+        target,
+        nproc,
+        out=str(output) if output is not None else None,
+        options=dataclasses.replace(options, timeout=None),
+        timeout=options.timeout if options.timeout is not None else DEFAULT_TIMEOUT,
+        show_rank=rank or 0,
+    )
+    if ranks.usage_error is not None:
+        raise UsageError(ranks.usage_error)
+    html = is_html(fmt, output)
+    if html:  # every rank in one page, the divergence marked
+        from .render.html import ranks_html
+
+        traces = {o.rank: o.trace for o in ranks.ranks if o.trace is not None}
+        if traces:
+            names = {o.rank: o.trace_path for o in ranks.ranks if o.trace_path is not None}
+            page = ranks_html(traces, names, missing=[o.rank for o in ranks.ranks if o.trace is None])
+            _emit(page, output, f"html: {len(traces)} ranks")
+    elif ranks.shown is not None and not quiet:
+        _output(ranks.shown, fmt, None, view)
+    if quiet:  # -q: the ranks' summary only when they failed or diverged
+        if ranks.exit_code != EXIT_OK:
+            _stderr(ranks.summary())
+    elif fmt in (None, "tree"):
+        print(safe_lines(ranks.summary()))
+    else:  # keep stdout one document (`-f json | jq`)
+        _stderr(ranks.summary())
+    if show_traceback:
+        for failed in ranks.failed:
+            if failed.traceback:  # from the rank's elastic error file
+                _stderr(f"rank {failed.rank} ({failed.state}):\n{failed.traceback.rstrip()}")
+    code = ranks.exit_code
+    if ranks.shown is not None and _differs(golden, ranks.shown, f"rank {ranks.show_rank}", quiet):
+        code = max(code, EXIT_DIFFERENT)
+    return code
+
+
+def rank_files_note(output: str, nproc: int) -> str:
+    """What `-o` becomes with --nproc: one trace file per rank, JSON whatever the extension."""
+    from .ranks.result import rank_trace_path
+
+    first, last = rank_trace_path(output, 0), rank_trace_path(output, nproc - 1)
+    files = first if nproc == 1 else f"{first} … {last}" if nproc > 2 else f"{first} and {last}"
+    note = f"note: --nproc writes one trace per rank: {files}"
+    if output.lower().endswith((".html", ".htm")):
+        note += f", and {Path(output).name}: every rank in one page"
+    elif not output.lower().endswith((".json", ".json.gz")):
+        note += f" (JSON, not {Path(output).name}); draw one with: hooktrace render {first} -o {output}"
+    return note
 
 
 def exec_target(
@@ -51,10 +155,10 @@ def run_exec(
     output: Optional[Path],
     view: dict[str, Any],
     quiet: bool = False,
-    compare: Optional[Callable[[Side], bool]] = None,
+    golden: Optional[Side] = None,
 ) -> int:
     """Run the script; show and write the trace as soon as the window closes; the script's exit code
-    (1 more when `compare(observed)`, the `--check`, finds a difference)."""
+    (1 more when the trace differs from `golden`, the `--check`)."""
     from .ranks.result import rank_trace_path
     from .runs.script import ScriptResult, run_script
 
@@ -86,11 +190,8 @@ def run_exec(
         if result.script_traceback:
             sys.stderr.write(result.script_traceback)
         _stderr(f"run failed: {result.error}")
-    if compare is not None and shown:
-        from .compare import Side
-
-        if not compare(Side(result.trace, False, target.label)):
-            code = max(code, EXIT_DIFFERENT)
+    if shown and _differs(golden, result.trace, target.label, quiet):
+        code = max(code, EXIT_DIFFERENT)
     if result.stopped_by is not None:
         if shown:
             _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")

@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("ranks",),  # one run per rank
     ("compare", "outputs"),  # traces and order files side by side; where a command's output goes
     ("hooktrace",),  # the public API (hooktrace/__init__.py)
-    ("script_commands",),  # what `exec` and `ranks` do once parsed
+    ("script_commands",),  # what `run`, `exec` and `ranks` do once parsed
     ("cli", "pytest_plugin"),  # the commands; the `hook_order` fixture
     ("__main__",),
 ]
