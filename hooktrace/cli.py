@@ -21,6 +21,7 @@ from .compare import load_side_file, load_trace_file, print_comparison, safe_lin
 from .options import (
     PHASE_CHOICES,
     ROOT_LABEL,
+    STEP_OPTIMIZER,
     Output,
     RunOptions,
     UsageError,
@@ -297,7 +298,7 @@ def exec_(
     ),
     start: int = exec_option("start", 0, min=0),
     steps: int = exec_option("steps", 1, min=1),
-    step_on: str = exec_option("step_on", "optimizer"),  # not a kind
+    step_on: str = exec_option("step_on", STEP_OPTIMIZER),
     keep_running: bool = exec_option("keep_running", False),
     shapes: bool = cli_option("shapes", False),
     nproc: Optional[int] = typer.Option(

@@ -94,6 +94,12 @@ FLAGS: dict[str, Flag] = {
 }
 
 
+# `exec --step-on`: what ends a step (capture/steps.py StepWatch). Option values, not kinds or phases.
+STEP_OPTIMIZER = "optimizer"  # not a kind
+STEP_BACKWARD = "backward"  # not a kind
+STEP_FORWARD = "forward"  # not a kind
+STEP_ON = (STEP_OPTIMIZER, STEP_BACKWARD, STEP_FORWARD)
+
 # `hooktrace exec`'s window (runs/script.py ExecOptions), declared here with the other flags.
 EXEC_FLAGS: dict[str, Flag] = {
     # `-s`: under torchrun, whose parser takes `--start` for an abbreviation of its `--start-method`
@@ -105,9 +111,9 @@ EXEC_FLAGS: dict[str, Flag] = {
     "steps": Flag(("--steps",), "Steps traced in the window.", "N"),
     "step_on": Flag(
         ("--step-on",),
-        "What ends a step: each optimizer.step() of any optimizer (optimizer), each outermost "
-        "backward() (backward), or each outermost module call (forward).",
-        "optimizer|backward|forward",
+        f"What ends a step: each optimizer.step() of any optimizer ({STEP_OPTIMIZER}), each outermost "
+        f"backward() ({STEP_BACKWARD}), or each outermost module call ({STEP_FORWARD}).",
+        "|".join(STEP_ON),
     ),
     "keep_running": Flag(
         ("--keep-running",), "After the window, let the script run on untraced instead of stopping it."

@@ -25,11 +25,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.autograd
 
+from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER
 from . import autograd, dicts, optim, registry, shims, sites
 from .records import Site
 from .views import _is_compiling
 
-STEP_ON = ("optimizer", "backward", "forward")  # not a kind
 _TENSOR_KINDS = frozenset(kind for _, kind in dicts.TENSOR_DICTS)
 
 
@@ -47,10 +47,10 @@ class StepWatch:
         self._counting: Any = None
 
     def install(self) -> None:
-        if self.step_on == "optimizer":  # not a kind
+        if self.step_on == STEP_OPTIMIZER:
             optim.on_step_end = self._on_step_end
             self._optim = optim.Installed()
-        elif self.step_on == "backward":  # not a kind
+        elif self.step_on == STEP_BACKWARD:
             counting = self._counting_backward(torch.autograd.backward)
             self._set(torch.autograd, "backward", counting)  # not a kind: torch.autograd.backward
         else:
@@ -60,7 +60,7 @@ class StepWatch:
     def rewrap(self) -> None:
         """forward: count around whatever `nn.Module.__call__` is now (a capture's wrapper when the
         window has just opened, PyTorch's own when it has just closed)."""
-        if self.step_on != "forward" or not self._saved:  # not a kind
+        if self.step_on != STEP_FORWARD or not self._saved:
             return
         current = vars(torch.nn.Module)["__call__"]
         if current is self._counting:  # the window closed: the capture put the counter back

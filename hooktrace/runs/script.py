@@ -19,17 +19,13 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..options import UsageError
+from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER, UsageError
 from ..schema import Trace
 from .failure import describe_error, failing_event
 from .stop import Stopped
 
-STEP_ON = ("optimizer", "backward", "forward")  # not a kind
-_STEP_WORDS = {
-    "optimizer": "optimizer.step()",  # not a kind
-    "backward": "outermost backward()",  # not a kind
-    "forward": "outermost module call",  # not a kind
-}
+_STEP_WORDS = {STEP_OPTIMIZER: "optimizer.step()", STEP_BACKWARD: "outermost backward()",
+               STEP_FORWARD: "outermost module call"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,7 @@ class ExecOptions:
 
     start: int = 0
     steps: int = 1
-    step_on: str = "optimizer"  # not a kind
+    step_on: str = STEP_OPTIMIZER
     keep_running: bool = False
     shapes: bool = False  # record what each hook received and returned (`--shapes`)
 
@@ -231,10 +227,10 @@ class _Window:
         else:
             notes.append(f"the script {ended_by} inside the window: traced {window}, as far as it went")
         ended = ended_by in ("ended", "exited with code 0")
-        if self.ended == 0 and ended and options.step_on == "optimizer":  # not a kind
+        if self.ended == 0 and ended and options.step_on == STEP_OPTIMIZER:
             notes.append(
-                "the script never called optimizer.step(): every step counted as one; give --step-on backward "
-                "or --step-on forward to cut it into steps"
+                f"the script never called optimizer.step(): every step counted as one; give --step-on "
+                f"{STEP_BACKWARD} or --step-on {STEP_FORWARD} to cut it into steps"
             )
         return notes
 
