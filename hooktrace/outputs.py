@@ -105,7 +105,7 @@ def output(
     Display options the chosen format does not take are named in a `note:` and not applied."""
     from . import render as r
 
-    if "module" in view:  # not a kind: an option
+    if "module" in view:  # not a kind: an option, resolved here once; the tree takes the path
         view = dict(view, module=module_path(trace.module_paths(), view["module"]))
     try:
         chosen = r.format_for_path(str(output) if output else None, fmt)
@@ -115,13 +115,16 @@ def output(
             what = ", which holds the whole trace" if chosen == "json" else " (tree only)"
             stderr_line(f"note: {', '.join(ignored)} not applied to {chosen} output{what}")
         opts = {k: v for k, v in view.items() if k in takes}
-        if output is None and chosen == "tree":
-            from .render.tree import build_tree
+        if chosen == "tree":  # built here: `tree_text` would apply `--module`'s rule a second time
+            from .render.tree import build_tree, view_text
 
-            with _writing_stdout():
-                console().print(build_tree(trace, **opts))
-            return
-        if chosen == "json" and output is not None and output.name.lower().endswith(".gz"):
+            tree = build_tree(trace, **opts)
+            if output is None:
+                with _writing_stdout():
+                    console().print(tree)
+                return
+            data = view_text(tree)
+        elif chosen == "json" and output is not None and output.name.lower().endswith(".gz"):
             data = None  # Trace.save compresses it
         else:
             data = r.render(trace, chosen, **opts)

@@ -165,3 +165,20 @@ def test_with_a_model_a_loss_module_outside_it_has_its_parameter_hooks_traced_to
     log, traced, trace = _parameter_hooks_before(traced_model=True)
     assert traced == log and "head.weight grad" in traced
     assert not [s for s in trace.surprises if s.rule == "never-fired"]
+
+
+def test_module_root_on_the_command_line_of_a_trace_with_two_roots(tmp_path, capsys):
+    """`--module "<root>"` where no module is the root: the command line draws what `tree_text` draws
+    (the `--module` rule was applied twice on its way, and the second time said "no module ''")."""
+    from hooktrace.cli import main
+
+    model, loss_fn = Net(), torch.nn.MSELoss()
+    model.fc.register_forward_hook(lambda m, a, o: None)
+    with hooktrace.trace() as t:
+        loss_fn(model(torch.randn(2, 4)), torch.randn(2, 3))
+    path, text = tmp_path / "t.json", tmp_path / "t.txt"
+    t.trace.save(path)
+    assert main(["render", str(path), "--module", "<root>"]) == 0
+    assert "error" not in capsys.readouterr().err
+    assert main(["render", str(path), "--module", "<root>", "-f", "tree", "-o", str(text)]) == 0
+    assert text.read_text() == hooktrace.tree_text(hooktrace.load(path), module="<root>")

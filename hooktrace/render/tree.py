@@ -382,7 +382,8 @@ def build_tree(
     """The tree, the surprises panel and a one-line summary, as one rich renderable.
 
     depth: module calls nested deeper than this are summarised in one line. module: only calls and
-    hooks of this module path (`<root>` for the root) and its descendants. phase: only this phase.
+    hooks of this module path and its descendants, as `resolve_module` gives it ("" for the root).
+    phase: only this phase.
     expand: do not collapse repeated identical siblings, list saved-tensor hooks one by one.
     times: show durations. show_empty: keep calls where no hook fired. all_surprises: list `info`
     surprises too (else they are counted in one line).
@@ -391,8 +392,6 @@ def build_tree(
         raise ValueError(f"unknown phase {phase!r}; expected one of {', '.join(PHASES)}")
     if depth is not None and depth < 0:
         raise ValueError(f"depth must be 0 or more, got {depth}")
-    if module is not None and trace.events:
-        module = resolve_module(trace, module)
     with gc_paused():
         tree = ct.build(trace, module=module, phase=phase, expand=expand, show_empty=show_empty)
     filtered = phase is not None or module is not None
@@ -421,13 +420,22 @@ def _empty_message(trace: Trace, module: Optional[str], phase: Optional[str]) ->
     return f"No events for {' and '.join(what)} in this trace."
 
 
-def tree_text(trace: Any, *, width: int = 100, color: bool = False, **opts: Any) -> str:
+def tree_text(
+    trace: Any, *, width: int = 100, color: bool = False, module: Optional[str] = None, **opts: Any
+) -> str:
     """The tree of a `Trace`, or of the `with hooktrace.trace(...) as t` session, as text: plain
     (color=False, as when piped) or with ANSI colours. Options as `hooktrace render`: depth, module,
     phase, expand, times, all_surprises (`hooktrace.tree_text` is this function).
 
     Always the text, also inside a Jupyter kernel (rich would otherwise send it to the notebook)."""
     trace = getattr(trace, "trace", trace)  # a TraceSession gives its trace
+    if module is not None and trace.events:  # `--module`'s rule, as `run` and `render` apply it
+        module = resolve_module(trace, module)
+    return view_text(build_tree(trace, module=module, **opts), width=width, color=color)
+
+
+def view_text(view: TreeView, *, width: int = 100, color: bool = False) -> str:
+    """A built tree as `tree_text` gives it."""
     out = io.StringIO()
     console = Console(
         file=out,
@@ -441,5 +449,5 @@ def tree_text(trace: Any, *, width: int = 100, color: bool = False, **opts: Any)
         markup=False,
         legacy_windows=False,
     )
-    console.print(build_tree(trace, **opts))
+    console.print(view)
     return out.getvalue()
