@@ -20,7 +20,7 @@ from .safe import safe_text
 BADGES = {
     "prepend": "prepend",
     "prepend_inferred": "prepend (inferred)",
-    "global": GLOBAL,
+    GLOBAL: GLOBAL,
     "with_kwargs": "with_kwargs",
     "always_call": "always_call",
     "registered_during_run": "registered during run",
@@ -64,7 +64,7 @@ def badges(h: Optional[Hook], events: Iterable[Event] = ()) -> list[str]:
         if h.prepend:
             out.append(BADGES["prepend_inferred" if h.prepend_source == "inferred" else "prepend"])
         if h.scope == GLOBAL:
-            out.append(BADGES["global"])
+            out.append(BADGES[GLOBAL])
         if h.with_kwargs:
             out.append(BADGES["with_kwargs"])
         if h.always_call:

@@ -29,7 +29,7 @@ def _us(ns: int) -> float:
 
 def _hook_event(e: Event, h: Optional[Hook], pid: int, tid: int) -> dict[str, Any]:
     name = h.name if h is not None else f"<unknown hook {e.hook}>"
-    args: dict[str, Any] = {
+    args: dict[str, Any] = {  # not a kind: the keys are Event's and Hook's field names
         "kind": e.kind,
         "module": e.module,
         "phase": e.phase,
@@ -40,11 +40,11 @@ def _hook_event(e: Event, h: Optional[Hook], pid: int, tid: int) -> dict[str, An
     }
     if h is not None:
         if h.tensor is not None:
-            args["tensor"] = h.tensor
+            args["tensor"] = h.tensor  # not a kind: Hook's field
         args.update(
             prepend=h.prepend,
             prepend_source=h.prepend_source,
-            **{"global": h.scope == GLOBAL},
+            **{GLOBAL: h.scope == GLOBAL},  # the badge, named as the scope is
             with_kwargs=h.with_kwargs,
             always_call=h.always_call,
             defined_at=h.defined_at,
@@ -81,7 +81,7 @@ def _call_event(
         "dur": _us(duration),
         "pid": pid,
         "tid": tid,
-        "args": {
+        "args": {  # not a kind: the keys are Event's field names
             "kind": "module_call",
             "module": e.module,
             "type": mtype,
@@ -147,6 +147,7 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
                     "ts": _us(e.start_ns),
                     "pid": pid,
                     "tid": tids[e.thread],
+                    # not a kind: the keys are Event's field names
                     "args": {"kind": "module_exit", "module": e.module, "seq": e.seq, "error": e.error},
                 }
             )

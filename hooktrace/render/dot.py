@@ -23,9 +23,9 @@ import graphviz
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
+from ..kinds import BACKWARD, FORWARD, OPTIMIZER_PHASE, OTHER, RECOMPUTE, TABLE, K
 from ..kinds import FAMILIES as KIND_FAMILIES
 from ..kinds import GLOBAL as GLOBAL_SCOPE
-from ..kinds import OPTIMIZER_PHASE, RECOMPUTE, TABLE
 from ..schema import DRY_RUN_NOTE, Event, Trace, is_internal_error
 from .badges import (
     badges,
@@ -45,14 +45,20 @@ INSTALL_HINT = (
     "`brew install graphviz` or `conda install -c conda-forge graphviz`, or write --format dot instead"
 )
 FONT = "Helvetica"
-PHASE_FILL = {"forward": "#f1f8f1", "backward": "#eff3fb", "recompute": "#fff5e6", "optimizer": "#fbf3ea",
-              "other": "#f4f4f4"}  # fmt: skip
+PHASE_FILL = {
+    FORWARD: "#f1f8f1",
+    BACKWARD: "#eff3fb",
+    RECOMPUTE: "#fff5e6",
+    OPTIMIZER_PHASE: "#fbf3ea",
+    OTHER: "#f4f4f4",
+}
 # family -> (fill, legend words, its kinds): one colour per family (kinds.FAMILIES), one legend entry
 FAMILIES = {
     fam: (fill, words, tuple(k for k, info in TABLE.items() if info.family == fam))
     for fam, (words, fill) in KIND_FAMILIES.items()
 }
 FAMILY_OF = {k: fam for fam, (_, _, kinds) in FAMILIES.items() for k in kinds}
+SAVED_FAMILY = FAMILY_OF[K.pack]  # a saved-tensors node (pack and unpack hooks) has its fill
 OTHER_FILL = "#eeeeee"
 PREPEND = {"fillcolor": "#ffd54f", "color": "#a67c00", "penwidth": "2"}
 GLOBAL = {"fillcolor": "#b2ebf2", "color": "#00838f", "penwidth": "2"}
@@ -68,13 +74,13 @@ MORE = {
 }
 MAX_TEXT = 70
 # Columns of one step, side by side: forward; backward with the recomputes it triggers; the optimizer.
-COLUMN = {"forward": 0, "other": 0, "backward": 1, "recompute": 1, "optimizer": 2}
+COLUMN = {FORWARD: 0, OTHER: 0, BACKWARD: 1, RECOMPUTE: 1, OPTIMIZER_PHASE: 2}
 ROW_MAX = 4  # a leaf module call with at most this many hook nodes draws them in one row
 SURPRISES_SHOWN = 8  # surprise lines in the heading (alike ones, differing in layer numbers, count once)
 PHASE_SHORT = {RECOMPUTE: RECOMPUTE, OPTIMIZER_PHASE: OPTIMIZER_PHASE}  # long titles go to the legend
 PHASE_NOTES = {
-    "recompute": "forward again during backward (checkpoint)",
-    "optimizer": "inside optimizer.step()",
+    RECOMPUTE: "forward again during backward (checkpoint)",
+    OPTIMIZER_PHASE: "inside optimizer.step()",
 }
 
 
@@ -170,8 +176,8 @@ class _Emitter:
         names = ", ".join(dict.fromkeys(hook_name(self.hook_of(e.hook), e.hook) for e in s.events))
         lines = [_esc(f"saved tensors  #{s.seq}…#{s.last_seq}"), _esc(counts), _esc(names)]
         node_id = self.new_id("s")
-        g.node(node_id, _label(*lines), fillcolor=FAMILIES["saved"][0])
-        self.used.add("saved")
+        g.node(node_id, _label(*lines), fillcolor=FAMILIES[SAVED_FAMILY][0])
+        self.used.add(SAVED_FAMILY)
         self.kinds.update(e.kind for e in s.events if e.kind)
         self.link(s.seq, node_id, (s.events[0].step, s.events[0].phase))
         return node_id
@@ -234,7 +240,9 @@ class _Emitter:
                 attrs.update(style="rounded,bold", color="#555555", penwidth="2", fontsize="12")
             elif node.kind == "phase":
                 title = _esc(PHASE_SHORT.get(node.phase, node.phase))
-                attrs.update(fillcolor=PHASE_FILL.get(node.phase, "#f4f4f4"), color="#9e9e9e", fontsize="11")
+                attrs.update(
+                    fillcolor=PHASE_FILL.get(node.phase, PHASE_FILL[OTHER]), color="#9e9e9e", fontsize="11"
+                )
                 self.used.add(f"phase_{node.phase}")
             else:
                 mtype = self.tree.types.get(node.module) if node.module is not None else None

@@ -29,7 +29,7 @@ import json
 from typing import Optional
 
 from ..analysis.identity import hook_keys
-from ..kinds import GLOBAL, HOOK, KINDS, MODULE, NODE, PHASES, TABLE, TENSOR
+from ..kinds import GLOBAL, HOOK, KINDS, MODULE, NODE, PHASES, ROOT, TABLE, TENSOR
 from ..schema import Event, Hook, Meta, Trace, is_internal_error
 from .badges import BADGES
 
@@ -37,7 +37,7 @@ VERSION = 1
 HEADER = (
     f"# hooktrace order {VERSION}: step phase module kind hook [#occurrence] [on tensor] [of module] [badges]"
 )
-ROOT_TOKEN, NO_MODULE = "<root>", "-"
+NO_MODULE = "-"  # the root module is kinds.ROOT
 UNKNOWN = "unknown"  # scope of a hook the trace does not list (an event naming an unknown id)
 UNKNOWN_NAME = "<unknown hook>"
 PHASE_WIDTH = max(map(len, PHASES))
@@ -69,8 +69,8 @@ def _module_token(path: Optional[str]) -> str:
     if path is None:
         return NO_MODULE
     if path == "":
-        return ROOT_TOKEN
-    return f'"{path}"' if path in (ROOT_TOKEN, NO_MODULE) else _token(path)
+        return ROOT
+    return f'"{path}"' if path in (ROOT, NO_MODULE) else _token(path)
 
 
 def _scope_of(kind: str, is_global: bool) -> str:
@@ -225,7 +225,7 @@ def _text(token: str) -> str:
 
 
 def _module(token: str) -> Optional[str]:
-    if token == ROOT_TOKEN:
+    if token == ROOT:
         return ""
     if token == NO_MODULE:
         return None

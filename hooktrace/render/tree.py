@@ -24,7 +24,7 @@ from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
 from ..io import gc_paused
-from ..kinds import ENTER, HOOK, PHASES, TABLE
+from ..kinds import ENTER, GLOBAL, HOOK, PHASES, TABLE, K
 from ..options import UsageError, module_path
 from ..schema import DRY_RUN_NOTE, Event, Trace, is_internal_error
 from .badges import (
@@ -46,7 +46,7 @@ from .errors import RenderError
 from .safe import safe_text
 
 KIND_STYLES = {name: k.style for name, k in TABLE.items() if k.style is not None}
-BADGE_STYLES = {"prepend": "bold yellow", "global": "bold cyan", "returned": "magenta", "error": "bold red"}
+BADGE_STYLES = {"prepend": "bold yellow", GLOBAL: "bold cyan", "returned": "magenta", "error": "bold red"}
 KIND_WIDTH = 13
 GUIDE = 4  # columns rich's tree indents each level by
 CONT = "   "  # indent of a continuation line
@@ -141,7 +141,7 @@ class _Drawer:
         counts = ", ".join(f"{n} {k}" for k, n in s.counts().items())
         names = dict.fromkeys(hook_name(self.hook_of(e.hook), e.hook) for e in s.events)
         head = Text(f"#{s.seq}–#{s.last_seq} ", style="dim")
-        head.append("saved tensors", style=KIND_STYLES["pack"])
+        head.append("saved tensors", style=KIND_STYLES[K.pack])
         head.append(f" {counts}")
         segs = [("", head)]
         names = list(names)
