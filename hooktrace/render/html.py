@@ -5,6 +5,7 @@ small vanilla-JS viewer (`html_assets/report.js`, `report.css`, inlined; no buil
 library): the call tree of `analysis.calltree` (collapsible, runs of identical siblings collapsed
 into one expandable row, as the terminal tree shows them), a timeline per thread with the phases
 shaded, the surprises linked to their events, search and filters, and a selected hook's details.
+The viewer spells no kind, phase or colour: `words()` sends them with the data, from kinds.py.
 `diff_html` shows two traces side by side with the differing hook events marked; `ranks_html` one
 trace per rank with a selector and each rank's first divergence marked.
 
@@ -25,13 +26,27 @@ import orjson
 from ..analysis import calltree as ct
 from ..analysis.calls import calls
 from ..analysis.calltree import Node, SavedTensors
+from ..kinds import (
+    BACKWARD,
+    ENTER,
+    FORWARD,
+    GLOBAL,
+    OPTIMIZER_PHASE,
+    OTHER,
+    PHASES,
+    RECOMPUTE,
+    ROOT,
+    TABLE,
+    K,
+)
+from ..kinds import HOOK as HOOK_EVENT
 from ..schema import DRY_RUN_NOTE, Event, Trace, gc_paused
-from .badges import times_note, title_target
+from .badges import BADGES, PHASE_TITLES, times_note, title_target
 from .safe import UNSAFE_CHARS
 
 _HIDDEN = re.compile(f"[{UNSAFE_CHARS}]")
 
-__all__ = ["diff_html", "html_report", "ranks_html", "report_data", "trace_data"]
+__all__ = ["diff_html", "html_report", "ranks_html", "report_data", "trace_data", "words"]
 
 # Row types of the flattened tree (report.js reads the same numbers).
 STEP, PHASE, CALL, GROUP, HOOK, SAVED, REPEAT = range(7)
@@ -42,6 +57,47 @@ _ESCAPES = {
     0x2028: "\\u2028",
     0x2029: "\\u2029",
 }
+
+# A row's terminal colour (`Kind.style`, as rich names it) as the page draws it on white: a kind has
+# its row's colour in the page as in the terminal tree, and kinds that share a colour there share it here.
+STYLE_COLOURS = {
+    "cyan": "#0e7c86",
+    "green": "#2f8a3a",
+    "bright_green": "#5aa02c",
+    "magenta": "#a23da8",
+    "blue": "#2b59c3",
+    "red": "#c53030",
+    "yellow": "#c08a00",
+    "bright_blue": "#4169e1",
+    "bright_red": "#d0463a",
+    "bright_magenta": "#8b3fc9",
+    "bright_black": "#8a929c",
+}
+# The timeline's shading of each phase: the colour of its kinds, faint.
+PHASE_BANDS = {
+    FORWARD: "rgba(47,138,58,0.07)",
+    BACKWARD: "rgba(43,89,195,0.08)",
+    RECOMPUTE: "rgba(192,138,0,0.10)",
+    OPTIMIZER_PHASE: "rgba(139,63,201,0.08)",
+    OTHER: "rgba(100,100,100,0.06)",
+}
+
+
+def words() -> dict[str, Any]:
+    """What the viewer knows of hooktrace's kinds (kinds.py) and badges (badges.py), sent with the
+    data so that report.js and report.css spell no kind, phase, scope, event type or root label:
+    each kind's colour, each phase's title and band, and the words the viewer compares with."""
+    return {
+        "kind_colours": {k: STYLE_COLOURS[info.style] for k, info in TABLE.items() if info.style is not None},
+        "phases": {p: {"title": PHASE_TITLES[p], "band": PHASE_BANDS[p]} for p in PHASES},
+        "unknown_phase": OTHER,  # the band of a phase outside the table
+        "saved_kind": K.pack,  # a row of saved-tensor hooks has its colour
+        "root": ROOT,
+        "hook_event": HOOK_EVENT,
+        "enter_event": ENTER,
+        "global_scope": GLOBAL,
+        "badges": BADGES,
+    }
 
 
 class _Rows:
@@ -81,7 +137,7 @@ class _Rows:
             "end": self.end,
             "first": self.first,
             "last": self.last,
-            "module": self.module,
+            "module": self.module,  # not a kind: the column's name
             "extra": self.extra,
             "errors": {str(k): v for k, v in self.errors.items()},
             "strings": list(self.strings),
@@ -151,7 +207,7 @@ def _call_spans(trace: Trace) -> dict[str, list[int]]:
         end.append(-1 if c.end is None else c.end)
         depth.append(len(stack))
         stack.append(c)
-    return {"enter": enter, "end": end, "depth": depth}
+    return {"enter": enter, "end": end, "depth": depth}  # not a kind: the enter event's seq
 
 
 def trace_data(trace: Trace, label: str = "", marks: Iterable[int] = (), note: str = "") -> dict[str, Any]:
@@ -180,6 +236,7 @@ def report_data(mode: str, views: list[dict[str, Any]], **extra: Any) -> dict[st
         "version": 1,
         "mode": mode,
         "unsafe": _js_class(UNSAFE_CHARS),  # what the viewer shows as escapes, as safe_text does
+        "words": words(),
         "views": views,
         **extra,
     }

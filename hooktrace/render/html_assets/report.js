@@ -5,19 +5,18 @@
 (function () {
   const ROW = { STEP: 0, PHASE: 1, CALL: 2, GROUP: 3, HOOK: 4, SAVED: 5, REPEAT: 6 };
   const ROW_H = 22;
-  const KIND_COLORS = {
-    forward_pre: "#0e7c86", forward: "#2f8a3a", forward_wrapper: "#5aa02c", backward_pre: "#a23da8",
-    backward: "#2b59c3", backward_legacy: "#c53030", grad: "#c08a00", post_accumulate_grad: "#c08a00",
-    node_pre: "#4169e1", node: "#4169e1", comm: "#d0463a", optimizer_step_pre: "#8b3fc9",
-    optimizer_step_post: "#8b3fc9", pack: "#8a929c", unpack: "#8a929c",
-  };
-  const PHASE_COLORS = {
-    forward: "rgba(47,138,58,0.07)", backward: "rgba(43,89,195,0.08)", recompute: "rgba(192,138,0,0.10)",
-    optimizer: "rgba(139,63,201,0.08)", other: "rgba(100,100,100,0.06)",
-  };
-  const PHASE_TITLES = {
-    recompute: "recompute (forward again during backward)", optimizer: "optimizer (optimizer.step)",
-  };
+  // hooktrace's kinds, phases, scopes, event types, root label, badges and their colours, sent with
+  // the data (render/html.py `words`, from kinds.py): this file spells none of them
+  let WORDS = null;
+  function Words(w) {
+    this.kindColour = new Map(Object.entries(w.kind_colours));
+    this.phases = new Map(Object.entries(w.phases));
+    this.unknownPhase = w.unknown_phase; this.savedKind = w.saved_kind; this.root = w.root;
+    this.HOOK = w.hook_event; this.ENTER = w.enter_event; this.GLOBAL = w.global_scope; this.badges = w.badges;
+  }
+  Words.prototype.title = function (phase) { const p = this.phases.get(phase); return p ? p.title : phase; };
+  Words.prototype.band = function (phase) { return (this.phases.get(phase) || this.phases.get(this.unknownPhase)).band; };
+  function paint(e, kind) { const c = WORDS.kindColour.get(kind); if (c) e.style.color = c; return e; }
   // the characters hooktrace's safe_text escapes (render/safe.py), sent with the data
   let UNSAFE = /[\u0000-\u001f\u007f-\u009f\u{d800}-\u{dfff}\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]/gu;
 
@@ -45,7 +44,7 @@
     if (ns < 1e9) return (ns / 1e6).toFixed(2) + "ms";
     return (ns / 1e9).toFixed(2) + "s";
   }
-  function modName(p) { return p === null || p === undefined ? "no module" : p === "" ? "<root>" : S(p); }
+  function modName(p) { return p === null || p === undefined ? "no module" : p === "" ? WORDS.root : S(p); }
 
   // ---- the model of one trace --------------------------------------------------------------------
   function Model(view) {
@@ -73,7 +72,7 @@
     // hook events per hook id: how often it fired and where
     this.firings = new Map();
     for (let i = 0; i < n; i++) {
-      if (this.type[i] !== "hook") continue;
+      if (this.type[i] !== WORDS.HOOK) continue;
       const id = this.hook[i];
       let l = this.firings.get(id);
       if (!l) this.firings.set(id, (l = []));
@@ -106,17 +105,17 @@
   Model.prototype.hookOf = function (i) { return this.hookById.get(this.hook[i]) || null; };
   Model.prototype.rowModule = function (i) { const m = this.rows.module[i]; return m < 0 ? null : this.strings[m]; };
   Model.prototype.badges = function (h, i) {
-    const out = [];
+    const out = [], B = WORDS.badges;
     if (h) {
-      if (h.prepend) out.push(h.prepend_source === "inferred" ? "prepend (inferred)" : "prepend");
-      if (h.scope === "global") out.push("global");
-      if (h.with_kwargs) out.push("with_kwargs");
-      if (h.always_call) out.push("always_call");
-      if (h.registered_during_run) out.push("registered during run");
+      if (h.prepend) out.push(h.prepend_source === "inferred" ? B.prepend_inferred : B.prepend);
+      if (h.scope === WORDS.GLOBAL) out.push(B[WORDS.GLOBAL]);
+      if (h.with_kwargs) out.push(B.with_kwargs);
+      if (h.always_call) out.push(B.always_call);
+      if (h.registered_during_run) out.push(B.registered_during_run);
     }
     if (i !== undefined && i >= 0) {
-      if (this.returned[i]) out.push("returned");
-      if (this.error[i] !== null && this.error[i] !== undefined) out.push("error");
+      if (this.returned[i]) out.push(B.returned);
+      if (this.error[i] !== null && this.error[i] !== undefined) out.push(B.error);
     }
     return out;
   };
@@ -251,7 +250,7 @@
       if (ty) span(row, "dim", " " + S(ty));
       if (t === ROW.CALL) span(row, "dim", "  call #" + r.first[i] + "–#" + r.last[i]);
       const ei = m.ev(r.first[i]);
-      if (t === ROW.CALL && ei >= 0 && m.type[ei] === "enter" && m.dur[ei]) span(row, "dim", "  " + fmtNs(m.dur[ei]));
+      if (t === ROW.CALL && ei >= 0 && m.type[ei] === WORDS.ENTER && m.dur[ei]) span(row, "dim", "  " + fmtNs(m.dur[ei]));
       const err = r.errors[i] === undefined ? undefined : r.errors[i].replace(/[:\s]+$/, "");
       if (err !== undefined) {
         if (/^(CheckpointError|_StopRecomputationError)/.test(err) || err.indexOf("_StopRecomputationError") >= 0) span(row, "stopped", "  stopped by PyTorch: " + S(err));
@@ -260,7 +259,7 @@
     } else if (t === ROW.PHASE) {
       row.classList.add("phase");
       const p = m.strings[r.extra[i]];
-      span(row, "", S(PHASE_TITLES[p] || p));
+      span(row, "", S(WORDS.title(p)));
       span(row, "dim", "  " + plural(m.hookRows[r.end[i]] - m.hookRows[i], "hook event"));
     } else if (t === ROW.STEP) {
       row.classList.add("step");
@@ -276,7 +275,7 @@
         names.add(h ? S(h.name) : "<unknown hook " + m.hook[ei] + ">");
       }
       span(row, "seq", "#" + r.first[i] + "–#" + r.last[i] + " ");
-      span(row, "k-pack", "saved tensors ");
+      paint(span(row, "", "saved tensors "), WORDS.savedKind);
       span(row, "", Object.keys(counts).map((k) => counts[k] + " " + S(k)).join(", "));
       span(row, "hname", "  " + Array.from(names).join(", "));
     } else if (t === ROW.REPEAT) {
@@ -300,8 +299,8 @@
     const m = this.m, r = m.rows, seq = r.first[i], ei = m.ev(seq);
     span(row, "seq", ("#" + seq).padEnd(m.seqWidth) + " ");  // one width: the kinds and names line up
     if (ei < 0) { span(row, "err", "missing event"); return; }
-    const h = m.hookOf(ei), kind = S(m.kind[ei] || (h ? h.kind : "hook"));
-    span(row, "kind k-" + kind, kind + " ");
+    const h = m.hookOf(ei), raw = m.kind[ei] || (h ? h.kind : null), kind = S(raw || "hook");
+    paint(span(row, "kind", kind + " "), raw);
     span(row, "hname", h ? S(h.name) : "<unknown hook " + m.hook[ei] + ">");
     const parent = m.parent[i] >= 0 ? m.rows.type[m.parent[i]] : -1;
     const pmod = parent === ROW.CALL || parent === ROW.GROUP ? m.rowModule(m.parent[i]) : undefined;
@@ -371,13 +370,13 @@
     const evMatch = new Uint8Array(m.n);
     let count = 0;
     for (let e = 0; e < m.n; e++) {
-      if (m.type[e] !== "hook") continue;
+      if (m.type[e] !== WORDS.HOOK) continue;
       if (f.kind && m.kind[e] !== f.kind) continue;
       if (f.phase && m.phase[e] !== f.phase) continue;
       const id = m.hook[e];
       if (f.badge) {
-        if (f.badge === "returned") { if (!m.returned[e]) continue; }
-        else if (f.badge === "error") { if (m.error[e] === null || m.error[e] === undefined) continue; }
+        if (f.badge === WORDS.badges.returned) { if (!m.returned[e]) continue; }
+        else if (f.badge === WORDS.badges.error) { if (m.error[e] === null || m.error[e] === undefined) continue; }
         else {
           if (!hookBadges.has(id)) hookBadges.set(id, m.badges(m.hookOf(e)).includes(f.badge));
           if (!hookBadges.get(id)) continue;
@@ -433,7 +432,7 @@
     this.mode = mode;
     const S = (this.S = new Float64Array(m.n)), D = (this.D = new Float64Array(m.n));
     for (let e = 0; e < m.n; e++) {
-      if (mode === "order") { S[e] = m.seq[e]; D[e] = m.type[e] === "hook" ? 0.7 : 0; }
+      if (mode === "order") { S[e] = m.seq[e]; D[e] = m.type[e] === WORDS.HOOK ? 0.7 : 0; }
       else { S[e] = m.start[e]; D[e] = m.dur[e] || 0; }
     }
     // lanes per thread; hooks and module calls sorted by start
@@ -445,7 +444,7 @@
       if (s < t0) t0 = s;
       if (s + d > t1) t1 = s + d;
       const l = lane(m.thread[e]);
-      if (m.type[e] === "hook") l.hooks.push(e);
+      if (m.type[e] === WORDS.HOOK) l.hooks.push(e);
     }
     const cs = m.calls;  // paired in Python by analysis.calls, as every renderer pairs them
     for (let k = 0; k < cs.enter.length; k++) {
@@ -550,7 +549,7 @@
       if (hit < 0) { this.tip.style.display = "none"; return; }
       const m = this.m, h = m.hookOf(hit);
       const lines = [];
-      if (m.type[hit] === "hook") lines.push("#" + m.seq[hit] + " " + S(m.kind[hit]) + " " + (h ? S(h.name) : "hook " + m.hook[hit]));
+      if (m.type[hit] === WORDS.HOOK) lines.push("#" + m.seq[hit] + " " + S(m.kind[hit]) + " " + (h ? S(h.name) : "hook " + m.hook[hit]));
       else lines.push("call " + modName(m.module[hit]) + " #" + m.seq[hit]);
       lines.push(modName(m.module[hit]) + " · " + S(m.phase[hit]) + " · step " + m.step[hit] + " · " + fmtNs(m.dur[hit] || 0));
       this.tip.textContent = lines.join("\n");
@@ -605,7 +604,7 @@
         if (bandPx[b.phase] === px) continue;
         bandPx[b.phase] = px;
       }
-      g.fillStyle = PHASE_COLORS[b.phase] || PHASE_COLORS.other;
+      g.fillStyle = WORDS.band(b.phase);
       g.fillRect(x0, 0, Math.max(1, x1 - x0), H);
       if (x1 - x0 > 40) { g.fillStyle = "#6b7480"; g.fillText(S(b.phase) + (this.multiStep() ? " · step " + b.step : ""), Math.max(x0, 0) + 4, 11); }
     }
@@ -651,7 +650,7 @@
         const dim = filtered && !filtered[e];
         if (Math.floor(x0) === px && x1 - x0 < 1) continue;
         px = Math.floor(x0);
-        const color = KIND_COLORS[m.kind[e]] || "#555", alpha = dim ? 0.12 : 1;
+        const color = WORDS.kindColour.get(m.kind[e]) || "#555", alpha = dim ? 0.12 : 1;
         if (color !== lastColor) { g.fillStyle = color; lastColor = color; }
         if (alpha !== lastAlpha) { g.globalAlpha = alpha; lastAlpha = alpha; }
         g.fillRect(x0, hy, Math.max(1.5, x1 - x0), 14);
@@ -734,10 +733,10 @@
     f.appendChild(search);
     const kinds = new Set(), phases = new Set(), badges = new Set();
     for (const mm of this.models) {
-      for (let e = 0; e < mm.n; e++) { if (mm.type[e] === "hook") kinds.add(mm.kind[e]); phases.add(mm.phase[e]); }
+      for (let e = 0; e < mm.n; e++) { if (mm.type[e] === WORDS.HOOK) kinds.add(mm.kind[e]); phases.add(mm.phase[e]); }
       for (const h of mm.hooks) for (const b of mm.badges(h)) badges.add(b);
-      if (mm.returned.some((x) => x)) badges.add("returned");
-      if (mm.error.some((x, i) => x !== null && mm.type[i] === "hook")) badges.add("error");
+      if (mm.returned.some((x) => x)) badges.add(WORDS.badges.returned);
+      if (mm.error.some((x, i) => x !== null && mm.type[i] === WORDS.HOOK)) badges.add(WORDS.badges.error);
     }
     const mk = (id, label, values, key) => {
       const s = el("select"); s.id = id; s.setAttribute("aria-label", label);
@@ -934,6 +933,7 @@
       const t0 = performance.now();
       const data = JSON.parse(document.getElementById("hooktrace-data").textContent);
       if (data.unsafe) UNSAFE = new RegExp(data.unsafe, "gu");
+      WORDS = new Words(data.words);
       const t1 = performance.now();
       window.hooktraceReport = new App(data, root);
       window.hooktraceTimings = { parse_ms: t1 - t0, build_ms: performance.now() - t1, ready_ms: performance.now() };
