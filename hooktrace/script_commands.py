@@ -39,9 +39,11 @@ def run_outcome(
     result: RunResult, label: str, golden: Optional[Side], quiet: bool, show_traceback: bool
 ) -> int:
     """After `run` has shown its trace: the run's notes, its failure, the `--check` comparison and the
-    signal that stopped it, on stderr; the exit code."""
-    for note in result.notes:
-        _stderr(f"note: {note}")
+    signal that stopped it, on stderr; the exit code. With --check -q the notes stay unsaid: it prints
+    nothing when the order is equal."""
+    if not (quiet and golden is not None):
+        for note in result.notes:
+            _stderr(f"note: {note}")
     code = EXIT_OK
     if result.exception is not None:
         if show_traceback:
@@ -177,7 +179,7 @@ def run_exec(
                 )
             elif rank == 0:
                 _output(trace, fmt, None, view)
-        if rank in (None, 0):
+        if rank in (None, 0) and not (quiet and golden is not None):  # --check -q: only the differences
             for note in result.notes:
                 _stderr(f"note: {note}")
 

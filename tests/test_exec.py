@@ -263,3 +263,17 @@ def test_check_against_a_golden_trace(exec_in, tmp_path):
     assert out == ""  # -q: nothing when the orders are equal
     code, _out, err, _log = exec_in("--start", "1", "--check", str(golden), "leak.py")
     assert code == 1
+
+
+def test_check_quiet_says_nothing_when_equal_even_with_notes(exec_in, tmp_path):
+    """exec's notes (no optimizer.step() to mark steps by) stay unsaid with --check -q when equal."""
+    (tmp_path / "fwd.py").write_text(
+        "import torch\nm = torch.nn.Linear(2, 2)\nm.register_forward_hook(lambda *a: None)\n"
+        "for _ in range(2):\n    m(torch.ones(1, 2))\n",
+        encoding="utf-8",
+    )
+    golden = tmp_path / "golden.txt"
+    code, _out, err, _log = exec_in("-o", str(golden), str(tmp_path / "fwd.py"))
+    assert code == 0 and "note:" in err, err  # the oracle: this script has notes
+    code, out, err, _log = exec_in("--check", str(golden), "-q", str(tmp_path / "fwd.py"))
+    assert (code, out, err) == (0, "", ""), err

@@ -393,3 +393,14 @@ def test_check_quiet_with_ranks(tmp_path: Path) -> None:
     golden.write_text(out.replace("FSDPState._post_forward\n", "FSDPState._post_forward [prepend]\n"))
     code, out, err = invoke("run", sample, "--nproc", "2", "--check", str(golden), "-q")
     assert code == 1 and out == "" and err.startswith("hook order differs: 3 differences")
+
+
+def test_check_quiet_says_nothing_when_equal_even_with_notes(tmp_path: Path) -> None:
+    """A run with notes (backward skipped): -q still prints nothing when the order is equal; the
+    nearest case, without -q, says the note."""
+    sample = str(SAMPLES / "quickstart.py")
+    golden = tmp_path / "golden.txt"
+    assert invoke("run", sample, "--no-backward", "-o", str(golden))[0] == 0
+    assert invoke("run", sample, "--no-backward", "--check", str(golden), "-q") == (0, "", "")
+    code, _, err = invoke("run", sample, "--no-backward", "--check", str(golden))
+    assert code == 0 and "note: backward skipped (--no-backward)" in err
