@@ -31,7 +31,6 @@ PREPEND_SOURCES = ("registration", "inferred")
 # on the module's `exit` event, it is not an error of the run (SPEC §2).
 PYTORCH_INTERNAL_ERRORS = ("_StopRecomputationError",)
 META_DEVICE = "meta"  # `meta.device` of a dry run: shapes, no values (`run --device meta`)
-DRY_RUN_NOTE = "dry run on meta: shapes only, no values; times are not compute times"
 
 
 def is_internal_error(error: Optional[str]) -> bool:

@@ -23,10 +23,10 @@ import hooktrace
 from hooktrace.cli import app
 from hooktrace.options import RunOptions, UsageError
 from hooktrace.render import render
+from hooktrace.render.badges import DRY_RUN_NOTE
 from hooktrace.render.tree import tree_text
 from hooktrace.runs.factory import run
 from hooktrace.runs.failure import meta_failure
-from hooktrace.schema import DRY_RUN_NOTE
 from hooktrace.target import Factory
 
 from .oracle import Zoo

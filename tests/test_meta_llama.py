@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import hooktrace
 from hooktrace.cli import app
-from hooktrace.schema import DRY_RUN_NOTE
+from hooktrace.render.badges import DRY_RUN_NOTE
 
 pytest.importorskip("transformers")
 

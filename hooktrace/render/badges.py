@@ -15,6 +15,9 @@ from ..kinds import GLOBAL, OPTIMIZER_PHASE, PHASES, RECOMPUTE
 from ..schema import ROOT, Event, Hook, Meta
 from .safe import safe_text
 
+# Said once by every rendering of a trace whose model ran on meta (`Meta.dry_run`).
+DRY_RUN_NOTE = "dry run on meta: shapes only, no values; times are not compute times"
+
 # badge -> the word shown. The flags' own names (PyTorch's register_* arguments), so a user can
 # search for them; `prepend` and `global` are SPEC words.
 BADGES = {

@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 from ..analysis.calls import in_order, pair
 from ..kinds import ENTER, GLOBAL, HOOK
-from ..schema import DRY_RUN_NOTE, FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
-from .badges import FIRST_CALL, first_call_traced, times_note
+from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
+from .badges import DRY_RUN_NOTE, FIRST_CALL, first_call_traced, times_note
 from .safe import UNSAFE_CHARS
 
 

@@ -26,8 +26,9 @@ from ..analysis.counts import count
 from ..kinds import BACKWARD, FORWARD, OPTIMIZER_PHASE, OTHER, RECOMPUTE, TABLE, K
 from ..kinds import FAMILIES as KIND_FAMILIES
 from ..kinds import GLOBAL as GLOBAL_SCOPE
-from ..schema import DRY_RUN_NOTE, Event, Trace, is_internal_error
+from ..schema import Event, Trace, is_internal_error
 from .badges import (
+    DRY_RUN_NOTE,
     badges,
     hook_name,
     module_name,

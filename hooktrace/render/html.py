@@ -26,6 +26,7 @@ import orjson
 from ..analysis import calltree as ct
 from ..analysis.calls import calls
 from ..analysis.calltree import Node, SavedTensors
+from ..io import gc_paused
 from ..kinds import (
     BACKWARD,
     ENTER,
@@ -40,8 +41,8 @@ from ..kinds import (
     K,
 )
 from ..kinds import HOOK as HOOK_EVENT
-from ..schema import DRY_RUN_NOTE, Event, Trace, gc_paused
-from .badges import BADGES, PHASE_TITLES, times_note, title_target
+from ..schema import Event, Trace
+from .badges import BADGES, DRY_RUN_NOTE, PHASE_TITLES, times_note, title_target
 from .safe import UNSAFE_CHARS
 
 _HIDDEN = re.compile(f"[{UNSAFE_CHARS}]")

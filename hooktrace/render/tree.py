@@ -26,8 +26,9 @@ from ..analysis.counts import count
 from ..io import gc_paused
 from ..kinds import ENTER, GLOBAL, HOOK, PHASES, TABLE, K
 from ..options import UsageError, module_path
-from ..schema import DRY_RUN_NOTE, Event, Trace, is_internal_error
+from ..schema import Event, Trace, is_internal_error
 from .badges import (
+    DRY_RUN_NOTE,
     FIRST_CALL,
     PHASE_TITLES,
     badges,
