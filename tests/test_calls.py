@@ -3,8 +3,8 @@
 The rule: per thread, an exit closes the innermost open call of its module; calls opened inside it
 that are still open end with it, without an exit; an exit with no open call of its module closes
 nothing; calls open at the end stay open. On an interrupted trace (a hook raising mid-forward) cut
-at any event, or with an exit lost, the surprises, the tree, DOT and the Chrome trace all say the
-same calls raised.
+at any event, or with an exit lost, the surprises, the tree, DOT, the Chrome trace and the HTML
+report all say the same calls raised.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hooktrace.analysis.calls import calls, unmatched_exits
 from hooktrace.analysis.surprises import find_surprises
 from hooktrace.render import render
 from hooktrace.render.chrome import chrome_events
+from hooktrace.render.html import trace_data
 from hooktrace.schema import Event, Trace, is_internal_error
 
 T1, T2 = 11, 22
@@ -142,6 +143,12 @@ def test_every_consumer_agrees_on_which_calls_closed_on_a_cut_interrupted_trace(
         chrome_calls = {x["args"]["seq"]: x["args"]["exit_seq"] for x in chrome_events(trace)
                         if x["args"].get("kind") == "module_call"}  # fmt: skip
         assert chrome_calls == {c.enter: c.exit for c in paired}, name
+        # the HTML report: its timeline's calls are the same pairs, its tree the same raised calls
+        page = trace_data(trace)
+        ends = [-1 if c.end is None else c.end for c in paired]
+        assert (page["calls"]["enter"], page["calls"]["end"]) == ([c.enter for c in paired], ends), name
+        if any(e.type == "hook" for e in events):
+            assert len(page["rows"]["errors"]) == len(seen["tree"]), name
         # the surprise about the forward hooks that never fired says "raised" exactly when every call
         # of their module that the trace has closed with the error
         surprises = [s.message for s in find_surprises(trace) if s.rule == "never-fired"]
