@@ -66,7 +66,8 @@ class Kind(NamedTuple):
     arguments PyTorch passes it (a `with_kwargs` hook gets one more), None when the capture takes
     any. returned: what PyTorch uses a value the hook returns for, and who sees it then (None: PyTorch
     does not use it). call: for hooks of a call other than a module's (state dicts, registrations),
-    that call in words."""
+    that call in words. flags: (scope, attribute, flag) of the dicts where PyTorch marks a hook's
+    `with_kwargs` or `always_call` by its id (same owners as `dicts`)."""
 
     name: str
     scopes: tuple[str, ...]
@@ -79,6 +80,7 @@ class Kind(NamedTuple):
     args: Optional[int] = None
     returned: Optional[str] = None
     call: Optional[str] = None
+    flags: tuple[tuple[str, str, str], ...] = ()
 
 
 # family -> (legend words, DOT fill): one colour per family, so each colour has one legend entry
@@ -94,6 +96,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
 }
 
 _MG = (MODULE, GLOBAL)
+WITH_KWARGS, ALWAYS_CALL = "with_kwargs", "always_call"  # the register_* arguments PyTorch keeps per hook id
 _INPUTS = "the module's inputs (args/kwargs): the hooks after it and the module's forward saw"
 _GRAD_INPUT = "grad_input: the hooks after it and the rest of the backward pass saw"
 TABLE: dict[str, Kind] = {
@@ -102,11 +105,15 @@ TABLE: dict[str, Kind] = {
         # module and global scope: around a module call
         Kind("forward_pre", _MG, ENCLOSING, "forward pre-hook", "forward", "cyan",
              ((MODULE, "_forward_pre_hooks"), (GLOBAL, "_global_forward_pre_hooks")),
-             ((MODULE, "register_forward_pre_hook"), (GLOBAL, "register_module_forward_pre_hook")), 2, _INPUTS),
+             ((MODULE, "register_forward_pre_hook"), (GLOBAL, "register_module_forward_pre_hook")), 2, _INPUTS,
+             flags=((MODULE, "_forward_pre_hooks_with_kwargs", WITH_KWARGS),)),
         Kind("forward", _MG, ENCLOSING, "forward hook", "forward", "green",
              ((MODULE, "_forward_hooks"), (GLOBAL, "_global_forward_hooks")),
              ((MODULE, "register_forward_hook"), (GLOBAL, "register_module_forward_hook")), 3,
-             "the module's output: the hooks after it and the code that called the module saw"),
+             "the module's output: the hooks after it and the code that called the module saw",
+             flags=((MODULE, "_forward_hooks_with_kwargs", WITH_KWARGS), (MODULE, "_forward_hooks_always_called", ALWAYS_CALL),
+                    (GLOBAL, "_global_forward_hooks_with_kwargs", WITH_KWARGS),
+                    (GLOBAL, "_global_forward_hooks_always_called", ALWAYS_CALL))),
         Kind("backward_pre", _MG, BACKWARD, "full backward pre-hook", "backward", "magenta",
              ((MODULE, "_backward_pre_hooks"), (GLOBAL, "_global_backward_pre_hooks")),
              ((MODULE, "register_full_backward_pre_hook"), (GLOBAL, "register_module_full_backward_pre_hook")),

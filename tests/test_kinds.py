@@ -15,7 +15,7 @@ import torch.optim.optimizer as optim_module
 
 from hooktrace import kinds
 from hooktrace.capture import dicts, registry, shims
-from hooktrace.kinds import GLOBAL, MODULE, OPTIMIZER, PHASES, TABLE, TENSOR
+from hooktrace.kinds import GLOBAL, MODULE, OPTIMIZER, PHASES, TABLE, TENSOR, K
 
 
 def _owner(scope: str, kind: str) -> Any:
@@ -40,6 +40,27 @@ def test_a_rows_dicts_and_register_names_exist_in_pytorch(kind: str) -> None:
     for scope, name in info.registers:
         assert scope in info.scopes
         assert callable(getattr(_owner(scope, kind), name)), (scope, name)
+    for scope, attr, _flag in info.flags:
+        assert scope in info.scopes
+        assert isinstance(getattr(_owner(scope, kind), attr), dict), (scope, attr)
+
+
+def test_the_flags_a_row_names_are_the_ones_pytorch_records() -> None:
+    """Each with_kwargs / always_call that PyTorch takes is found through the rows' `flags`."""
+    from hooktrace.capture import dicts
+
+    m = torch.nn.Linear(2, 2)
+    pre = m.register_forward_pre_hook(lambda mod, args, kwargs: None, with_kwargs=True)
+    both = m.register_forward_hook(lambda mod, args, kwargs, out: None, with_kwargs=True, always_call=True)
+    plain = m.register_forward_hook(lambda mod, args, out: None)
+    g = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: None, always_call=True)
+    try:
+        assert dicts.module_flags(m, K.forward_pre, pre.id) == (True, False)
+        assert dicts.module_flags(m, K.forward, both.id) == (True, True)
+        assert dicts.module_flags(m, K.forward, plain.id) == (False, False)
+        assert dicts.module_flags(None, K.forward, g.id) == (False, True)
+    finally:
+        g.remove()
 
 
 def _fire(kind: str, record: list[int]) -> None:

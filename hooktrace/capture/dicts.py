@@ -9,7 +9,7 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
 
 from .. import kinds
-from ..kinds import GLOBAL, MODULE, NODE, OPTIMIZER, TENSOR, K
+from ..kinds import ALWAYS_CALL, GLOBAL, MODULE, NODE, OPTIMIZER, TABLE, TENSOR, WITH_KWARGS, K
 
 # (attribute, kind) of every hook dict, from the kinds table ("_backward_hooks" is full or legacy by
 # `_is_full_backward_hook`; global ones live on torch.nn.modules.module or torch.optim.optimizer)
@@ -106,21 +106,15 @@ def live_hook_ids(model: Any) -> set[int]:
 
 
 def module_flags(owner: Any, kind: str, hook_id: int) -> tuple[bool, bool]:
-    """(with_kwargs, always_call) as PyTorch's extra dicts record them."""
-    if owner is None:
-        if kind != K.forward:
-            return False, False
-        kw = getattr(nn_module, "_global_forward_hooks_with_kwargs", {})
-        always = getattr(nn_module, "_global_forward_hooks_always_called", {})
-        return hook_id in kw, hook_id in always
-    if kind == K.forward_pre:
-        return hook_id in getattr(owner, "_forward_pre_hooks_with_kwargs", {}), False
-    if kind == K.forward:
-        return (
-            hook_id in getattr(owner, "_forward_hooks_with_kwargs", {}),
-            hook_id in getattr(owner, "_forward_hooks_always_called", {}),
-        )
-    return False, False
+    """(with_kwargs, always_call) as PyTorch's extra dicts record them (the kind's row's `flags`)."""
+    info = TABLE.get(kind)
+    scope, holder = (GLOBAL, nn_module) if owner is None else (MODULE, owner)
+    found = {
+        flag
+        for where, attr, flag in (info.flags if info is not None else ())
+        if where == scope and hook_id in getattr(holder, attr, {})
+    }
+    return WITH_KWARGS in found, ALWAYS_CALL in found
 
 
 def inferred_prepends(keys: list[int]) -> set[int]:
