@@ -164,6 +164,36 @@ def test_text_not_in_the_format_is_refused_naming_the_line(line: str, message: s
         parse_order(f"# a comment\n{line}\n")
 
 
+def test_any_whitespace_between_fields_reads_as_spaces() -> None:
+    """A hand-edited snapshot with tabs, or several spaces, reads as the written one; a quoted name
+    keeps its spaces and its escaped tab."""
+    b = Builder(("fc 1", "Linear"))
+    h = b.hook("forward", "fc 1", "a name\twith a tab")
+    b.enter("fc 1")
+    b.fire(h, "fc 1")
+    b.exit("fc 1")
+    text = order_text(b.trace())
+    line = order_lines(b.trace())[0]
+    assert line.startswith('0 forward   "fc 1"       forward       "a name\\twith a tab"'), line
+    tabbed = text.replace(line, "\t".join(line.split("   ")).replace("forward       ", "forward\t \t"))
+    assert tabbed != text and "\t" in tabbed
+    back = parse_order(tabbed)
+    assert order_text(back) == text
+    assert [(h.name, h.module) for h in back.hooks] == [("a name\twith a tab", "fc 1")]
+    assert order_lines(parse_order(TWO_LAYER.replace("   ", "\t").replace(" [", "\t["))) == TWO_LAYER.splitlines()
+    assert order_text(parse_order("0\tforward\tfc\tforward\tf\t[registered\tduring run]\n")).endswith(
+        "f [registered during run]\n"
+    )
+
+
+@pytest.mark.parametrize("version", ["2", "0", "10", "x", "1.1"])
+def test_an_unknown_format_version_is_refused(version: str) -> None:
+    text = order_text(two_layer()).replace("# hooktrace order 1:", f"# hooktrace order {version}:")
+    with pytest.raises(OrderFormatError, match=f"line 1: order format version {version}, which this hooktrace"):
+        parse_order(text)
+    assert parse_order(order_text(two_layer()).replace("order 1:", "order 1 :")).events
+
+
 # -- hooktrace.diff and assert_order --------------------------------------------------------------------------
 def test_diff_takes_traces_sessions_paths_and_text(tmp_path: Path) -> None:
     trace = two_layer()

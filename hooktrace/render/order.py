@@ -148,14 +148,26 @@ def is_order_text(data: bytes) -> bool:
     return not (data[:2] == b"\x1f\x8b" or head in (b"{", b"["))
 
 
-def parse_order(text: str) -> Trace:
+def format_version(line: str) -> Optional[str]:
+    """The version a format line (`# hooktrace order N: ...`) names, as written; None for other lines."""
+    words = line.strip().lstrip("#").replace(":", " ").split()
+    if not line.lstrip().startswith("#") or words[:2] != ["hooktrace", "order"]:
+        return None
+    return words[2] if len(words) > 2 else ""
+
+
+def parse_order(text: str, *, as_file: bool = False) -> Trace:
     """The `Trace` an order text describes: its hooks (flags from the badges, occurrences numbered as
     written) and one hook event per line, in order. Lines starting with `#` and blank lines are skipped.
+    A format line of another version than this one is refused; `as_file`: the text is a file's, whose
+    first line must be the format line (order text given directly may leave it out).
     OrderFormatError names the first line that is not in the format."""
+    lines = text.splitlines()
+    _check_version(lines, as_file)
     hooks: dict[tuple, Hook] = {}
     events: list[Event] = []
     fired: list[tuple] = []
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -172,6 +184,22 @@ def parse_order(text: str) -> Trace:
     numbered = _numbered(hooks)
     events = [e._replace(hook=hooks[key].id) for e, key in zip(events, fired)]
     return Trace(meta=Meta(steps=len({e.step for e in events}) or 1), hooks=numbered, events=events)
+
+
+def _check_version(lines: list[str], as_file: bool) -> None:
+    """A file's first line, else the first line that is not blank, may be the format line: its version
+    must be this one. A file must start with it."""
+    written = [(n, x) for n, x in enumerate(lines, 1) if x.strip()]
+    number, first = (1, lines[0]) if as_file and lines else (written[0] if written else (1, ""))
+    version = format_version(first)
+    if version is None and as_file:
+        what = "its first line is not the format line" if written else "it is empty"
+        raise OrderFormatError(f"not an order file: {what} (# hooktrace order {VERSION}: ...)")
+    if version is not None and version != str(VERSION):
+        raise OrderFormatError(
+            f"line {number}: order format version {_token(version) if version else '(none)'}, which this "
+            f"hooktrace does not read (it reads version {VERSION})"
+        )
 
 
 def _numbered(hooks: dict[tuple, Hook]) -> list[Hook]:
@@ -193,12 +221,13 @@ def _numbered(hooks: dict[tuple, Hook]) -> list[Hook]:
 
 
 def _tokens(line: str) -> list[str]:
-    """Split on spaces; a token starting with `"` is a JSON string, `[` runs to the next `]`."""
+    """Split on whitespace (spaces, tabs); a token starting with `"` is a JSON string, `[` runs to the
+    next `]` (a badge, its words joined by one space)."""
     out: list[str] = []
     decoder = json.JSONDecoder()
     i, n = 0, len(line)
     while i < n:
-        if line[i] == " ":
+        if line[i].isspace():
             i += 1
         elif line[i] == '"':
             try:
@@ -210,11 +239,12 @@ def _tokens(line: str) -> list[str]:
             end = line.find("]", i)
             if end < 0:
                 raise OrderFormatError("a badge without its closing ]")
-            out.append(line[i : end + 1])
+            out.append("[" + " ".join(line[i + 1 : end].split()) + "]")
             i = end + 1
         else:
-            end = line.find(" ", i)
-            end = n if end < 0 else end
+            end = i
+            while end < n and not line[end].isspace():
+                end += 1
             out.append(line[i:end])
             i = end
     return out
