@@ -59,7 +59,13 @@ def trace(model: Optional[Any] = None, *, target: Optional[str] = None, shapes: 
 def diff(a: Any, b: Any) -> TraceDiff:
     """How the hook order of `b` differs from `a` (the expected one). Each is a `Trace`, a session,
     a path (a saved trace or an order file) or order text. The result has `.equal`,
-    `.differences` (moved, removed, added, ... hooks, each naming where) and a readable `str()`."""
+    `.differences` (moved, removed, added, ... hooks, each naming where) and a readable `str()`.
+
+    A `str` is a path when it is one line and names an existing file or folder, or ends in `.txt`,
+    `.json` or `.gz` (`.json.gz`, `.txt.gz`; any case, spaces allowed): then FileNotFoundError when
+    it does not exist, IsADirectoryError for a folder. Any other `str` is order text, which may leave
+    out the `# hooktrace order 1` first line that an order file must have. OrderFormatError for an
+    order file or text of another format version, or not in the format."""
     from .compare import compare
 
     return compare(a, b)
@@ -67,7 +73,8 @@ def diff(a: Any, b: Any) -> TraceDiff:
 
 def assert_order(observed: Any, expected: Any) -> None:
     """Raise AssertionError, with `diff`'s summary and the unified diff of the order lines, unless
-    `observed` (a Trace, a session, a path or order text) has the hook order of `expected`."""
+    `observed` (a Trace, a session, a path or order text, told apart as `diff` does) has the hook
+    order of `expected`."""
     from .compare import assert_order as check
 
     check(observed, expected)

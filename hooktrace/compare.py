@@ -11,6 +11,7 @@ when the two order files have the same lines, headers and blank lines aside. No 
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import sys
 from pathlib import Path
@@ -19,7 +20,14 @@ from typing import Any, Optional, Union
 from .analysis.diff import TraceDiff, diff_traces
 from .io import GZIP_MAGIC, inflate, read_bytes
 from .options import UsageError
-from .render.order import OrderFormatError, is_order_text, order_lines, order_text, parse_order
+from .render.order import (
+    OrderFormatError,
+    format_version,
+    is_order_text,
+    order_lines,
+    order_text,
+    parse_order,
+)
 from .schema import Trace, TraceFormatError
 from .validate import load
 
@@ -48,8 +56,8 @@ _PATH_ENDINGS = (".txt", ".json", ".gz")
 class Side:
     """One side of a comparison: its trace, and whether it came from order text."""
 
-    def __init__(self, trace: Trace, from_text: bool, name: str) -> None:
-        self.trace, self.from_text, self.name = trace, from_text, name
+    def __init__(self, trace: Trace, from_text: bool, name: str, text: Optional[str] = None) -> None:
+        self.trace, self.from_text, self.name, self.text = trace, from_text, name, text
         self._order: Optional[Trace] = trace if from_text else None
 
     def as_order(self) -> Trace:
@@ -63,18 +71,22 @@ class Side:
 
 
 def read_side(x: Comparable, name: str = "") -> Side:
-    """`x` as a Side. A string is a path when a file of that name exists or it reads like one (a single
-    line ending in .txt, .json or .gz: then it must exist); any other string is order text.
-    FileNotFoundError, TraceFormatError or OrderFormatError when it cannot be read."""
+    """`x` as a Side. A string is a path when it is one line and names a file or a folder, or ends in
+    .txt, .json or .gz (any case; spaces allowed): then it must name a file (else FileNotFoundError,
+    IsADirectoryError). Any other string is order text, which may leave out the format line.
+    TraceFormatError or OrderFormatError when a file or text cannot be read."""
     if isinstance(x, Trace):
         return Side(x, False, name or "trace")
     trace = getattr(x, "trace", None)
     if isinstance(trace, Trace):
         return Side(trace, False, name or "trace")
     if isinstance(x, os.PathLike) or (isinstance(x, str) and _is_path(x)):
-        return read_file(Path(x))
+        path = Path(x)
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "a folder, not a saved trace or an order file", str(path))
+        return read_file(path)
     if isinstance(x, str):
-        return Side(parse_order(x), True, name or "order text")
+        return Side(parse_order(x), True, name or "order text", x)
     raise TypeError(f"cannot compare a {type(x).__name__}: give a Trace, a session, a path or order text")
 
 
@@ -82,26 +94,28 @@ def _is_path(text: str) -> bool:
     if "\n" in text or not text.strip():
         return False
     try:
-        if os.path.isfile(text):
+        if os.path.exists(text):
             return True
     except (OSError, ValueError):  # too long, NUL
         return False
-    return text.strip().lower().endswith(_PATH_ENDINGS) and " " not in text.strip()
+    return text.strip().lower().endswith(_PATH_ENDINGS)
 
 
 def read_file(path: Path) -> Side:
-    """A saved trace (JSON, gzip) or an order file, by its first bytes."""
+    """A saved trace (JSON, gzip) or an order file, by its first bytes. An order file must start with
+    the format line of this version (`render.order.parse_order(as_file=True)`); an OrderFormatError
+    starts with the path."""
     raw = read_bytes(path)  # a regular file of a bounded size: never a FIFO or /dev/zero
     if raw[:2] == GZIP_MAGIC:  # `-f order -o x.txt.gz` wrote it compressed
         raw = inflate(raw, str(path))
     if not is_order_text(raw[:64]):
         return Side(load(path), False, str(path))
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # an editor's byte-order mark is no difference
     except UnicodeDecodeError as exc:
-        raise OrderFormatError(f"{path} is neither a saved trace nor an order file (not UTF-8)") from exc
+        raise OrderFormatError(f"{path}: neither a saved trace nor an order file (not UTF-8 text)") from exc
     try:
-        return Side(parse_order(text), True, str(path))
+        return Side(parse_order(text, as_file=True), True, str(path), text)
     except OrderFormatError as exc:
         raise OrderFormatError(f"{path}: {exc}") from None
 
@@ -137,12 +151,28 @@ def assert_order(observed: Comparable, expected: Comparable) -> TraceDiff:
 
 
 def load_trace_file(path: Path) -> Trace:
+    """A saved trace (`render`, `ranks`): UsageError for anything else."""
     if not path.exists():
         raise UsageError(f"trace file not found: {path}; write one with hooktrace run TARGET -o {path.name}")
     try:
         return load(path)
     except (TraceFormatError, OSError) as exc:
+        if _is_order_file(path):
+            raise UsageError(
+                f"cannot read {path}: it is an order file; render and ranks take saved traces (.json, .json.gz; "
+                "hooktrace run -o FILE.json writes one); compare order files with hooktrace diff"
+            ) from exc
         raise _unreadable(path, exc) from exc
+
+
+def _is_order_file(path: Path) -> bool:
+    """Does `path` start with an order file's format line (plain or gzip)?"""
+    try:
+        raw = read_bytes(path)
+        head = bytes((inflate(raw, str(path)) if raw[:2] == GZIP_MAGIC else raw)[:200])
+    except (TraceFormatError, OSError):
+        return False
+    return format_version(head.decode("utf-8-sig", "replace").split("\n", 1)[0]) is not None
 
 
 def _unreadable(path: Path, exc: Exception) -> UsageError:

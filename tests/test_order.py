@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -180,7 +181,10 @@ def test_any_whitespace_between_fields_reads_as_spaces() -> None:
     back = parse_order(tabbed)
     assert order_text(back) == text
     assert [(h.name, h.module) for h in back.hooks] == [("a name\twith a tab", "fc 1")]
-    assert order_lines(parse_order(TWO_LAYER.replace("   ", "\t").replace(" [", "\t["))) == TWO_LAYER.splitlines()
+    assert (
+        order_lines(parse_order(TWO_LAYER.replace("   ", "\t").replace(" [", "\t[")))
+        == TWO_LAYER.splitlines()
+    )
     assert order_text(parse_order("0\tforward\tfc\tforward\tf\t[registered\tduring run]\n")).endswith(
         "f [registered during run]\n"
     )
@@ -189,7 +193,9 @@ def test_any_whitespace_between_fields_reads_as_spaces() -> None:
 @pytest.mark.parametrize("version", ["2", "0", "10", "x", "1.1"])
 def test_an_unknown_format_version_is_refused(version: str) -> None:
     text = order_text(two_layer()).replace("# hooktrace order 1:", f"# hooktrace order {version}:")
-    with pytest.raises(OrderFormatError, match=f"line 1: order format version {version}, which this hooktrace"):
+    with pytest.raises(
+        OrderFormatError, match=f"line 1: order format version {version}, which this hooktrace"
+    ):
         parse_order(text)
     assert parse_order(order_text(two_layer()).replace("order 1:", "order 1 :")).events
 
@@ -307,6 +313,67 @@ def test_an_unreadable_order_file_is_exit_2_naming_the_line(tmp_path: Path) -> N
     assert err.startswith(f"error: cannot read {bad}: line 2: unknown hook kind forwards")
     code, _, err = invoke("diff", str(tmp_path / "none.txt"), str(bad))
     assert code == 2 and "file not found" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("# hooktrace order 2: step phase\n\n0 forward fc forward f\n", "line 1: order format version 2, "
+         "which this hooktrace does not read (it reads version 1)"),
+        ("", "not an order file: it is empty (# hooktrace order 1: ...)"),
+        ("\n# a comment\n", "not an order file: its first line is not the format line"),
+        ("0 forward fc forward f\n", "not an order file: its first line is not the format line"),
+        (b"\xff\xfe x", "neither a saved trace nor an order file (not UTF-8 text)"),
+    ],
+)  # fmt: skip
+def test_a_file_that_is_not_an_order_file_of_this_version_is_refused(
+    tmp_path: Path, content: Any, message: str
+) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
+    good = _saved(tmp_path, "good.txt", two_layer())
+    for args in (("diff", str(bad), str(good)), ("diff", str(good), str(bad))):
+        code, out, err = invoke(*args)
+        assert (code, out) == (2, "") and err.count("\n") == 1, err
+        assert err.startswith(f"error: cannot read {bad}: {message}"), err
+    code, out, err = invoke("run", str(SAMPLES / "quickstart.py"), "--check", str(bad), "-q")
+    assert (code, out) == (2, "") and err.startswith(f"error: cannot read {bad}: {message}"), err
+    with pytest.raises(OrderFormatError, match=re.escape(f"{bad}: {message}")):
+        hooktrace.diff(bad, two_layer())
+    with pytest.raises(OrderFormatError, match=re.escape(f"{bad}: {message}")):
+        hooktrace.assert_order(two_layer(), str(bad))
+
+
+def test_render_says_an_order_file_is_compared_with_diff(tmp_path: Path) -> None:
+    order = _saved(tmp_path, "x.txt", two_layer())
+    code, out, err = invoke("render", str(order))
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert err == (
+        f"error: cannot read {order}: it is an order file; render and ranks take saved traces (.json, .json.gz; "
+        "hooktrace run -o FILE.json writes one); compare order files with hooktrace diff\n"
+    )
+    other = tmp_path / "notes.txt"
+    other.write_text("hello\n", encoding="utf-8")
+    code, _, err = invoke("render", str(other))
+    assert code == 2 and err.startswith(f"error: cannot read {other}: {other} is not valid JSON"), err
+
+
+def test_a_string_that_reads_like_a_path_is_one(tmp_path: Path) -> None:
+    """One line ending in .txt, .json or .gz, or naming a file or folder: a path, which must exist
+    and be a file; anything else is order text."""
+    trace = two_layer()
+    for missing in ("my golden.txt", str(tmp_path / "no such.json"), "x.json.gz", "x.TXT.GZ"):
+        with pytest.raises(FileNotFoundError, match=re.escape(missing)):
+            hooktrace.diff(trace, missing)
+    for folder in (str(tmp_path), tmp_path, str(tmp_path / "d.txt")):
+        (tmp_path / "d.txt").mkdir(exist_ok=True)
+        with pytest.raises(IsADirectoryError, match=re.escape(str(folder))):
+            hooktrace.diff(trace, folder)
+    spaced = tmp_path / "my golden.txt"
+    spaced.write_text(order_text(trace), encoding="utf-8")
+    assert hooktrace.diff(trace, str(spaced)).equal
+    with pytest.raises(OrderFormatError, match="line 1: expected step"):
+        hooktrace.diff(trace, "golden")  # one word, no path ending, no such file: order text
 
 
 def test_check_against_an_order_file_quiet(tmp_path: Path) -> None:
