@@ -22,6 +22,7 @@ import pytest
 
 if TYPE_CHECKING:
     from .capture import TraceSession
+    from .compare import Side
     from .schema import Trace
 
 SNAPSHOTS = "__hooktrace__"
@@ -29,6 +30,7 @@ UPDATE = "--hooktrace-update"
 _PROPERTY = "hooktrace snapshot"  # user_properties key: what happened to a snapshot (travels with xdist)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+,\[\]-]")
 _MAX_NAME = 120
+_LOOKS_HASHED = re.compile(r"(-[0-9a-f]{8}|\.[0-9]+)$")  # a hashed name, or a later block's `.N`
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,11 +45,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def snapshot_name(nodeid: str) -> str:
     """The file name (without .txt) of a test's snapshot: its name after the file (a class's tests as
-    `Class.test`), with parametrize ids kept; characters that are not safe in file names on every
-    system become `_`, and then a short hash of the real name keeps two names apart."""
-    name = ".".join(nodeid.split("::")[1:]) or nodeid
-    safe = _UNSAFE.sub("_", name)
-    if safe != name or len(safe) > _MAX_NAME or safe.startswith("."):
+    `Class.test`), with parametrize ids kept. A short hash of the real name is added whenever the name
+    had to be changed (characters not safe in file names on every system become `_`; `::` inside an
+    id; too long), could be read two ways (a `.` before the ids), holds an upper-case letter (macOS
+    and Windows file systems ignore case), or ends as a hashed name or a block's `.N` does; so two
+    tests never share a file, on any file system."""
+    name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+    head, bracket, ids = name.partition("[")
+    dotted = head.replace("::", ".") + bracket + ids
+    safe = _UNSAFE.sub("_", dotted)
+    if (
+        safe != dotted
+        or "." in head
+        or name != name.lower()
+        or len(safe) > _MAX_NAME
+        or safe.startswith(".")
+        or _LOOKS_HASHED.search(safe)
+    ):
         digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         safe = f"{safe.lstrip('.')[:_MAX_NAME]}-{digest}"
     return safe
@@ -84,11 +98,17 @@ class HookOrder:
         self.check(session.trace, path)  # not reached when the block raised: that error is the test's
 
     def check(self, trace: Trace, path: Path) -> None:
-        from .compare import OrderFormatError, Side, compare_sides, failure_message
-        from .render.order import order_text, parse_order
+        from .compare import Side, compare_sides, failure_message
+        from .render.order import order_text
 
         text = order_text(trace)
         shown = self._shown(path)
+        if path.exists() and not path.is_file():
+            what = "a folder" if path.is_dir() else "not a regular file"
+            pytest.fail(
+                f"the snapshot path {shown} is {what}, not a file: remove it, then run pytest {UPDATE}",
+                pytrace=False,
+            )
         if self._update:
             self._write(path, text, shown)
             return
@@ -98,15 +118,10 @@ class HookOrder:
                 "then review and commit it",
                 pytrace=False,
             )
-        expected_text = path.read_text(encoding="utf-8")
-        if expected_text == text:
+        raw = path.read_bytes()
+        if raw == text.encode("utf-8"):
             return
-        try:
-            expected = Side(parse_order(expected_text), True, shown)
-        except OrderFormatError as exc:
-            pytest.fail(
-                f"the snapshot {shown} is not an order file ({exc}); rewrite it with {UPDATE}", pytrace=False
-            )
+        expected = self._read(raw, shown)
         observed = Side(trace, False, "this run")
         result = compare_sides(expected, observed)
         if result.equal:
@@ -114,6 +129,23 @@ class HookOrder:
         pytest.fail(
             f"hook order differs from the snapshot {shown} (pytest {UPDATE} rewrites it)\n\n"
             + failure_message(expected, observed, result),
+            pytrace=False,
+        )
+
+    @staticmethod
+    def _read(raw: bytes, shown: str) -> Side:
+        """The snapshot as one side of the comparison, or a failure that says to rewrite it."""
+        from .compare import Side
+        from .render.order import OrderFormatError, parse_order
+
+        try:
+            text = raw.decode("utf-8-sig")  # an editor's byte-order mark is no difference
+            return Side(parse_order(text, as_file=True), True, shown, text)
+        except (UnicodeDecodeError, OrderFormatError) as exc:
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        why = why[len("not an order file: ") :] if why.startswith("not an order file: ") else why
+        pytest.fail(
+            f"the snapshot {shown} is not an order file ({why}); rewrite it with pytest {UPDATE}",
             pytrace=False,
         )
 
@@ -127,7 +159,7 @@ class HookOrder:
     def _write(self, path: Path, text: str, shown: str) -> None:
         from .io import write_atomic
 
-        if path.is_file() and path.read_text(encoding="utf-8") == text:
+        if path.is_file() and path.read_bytes() == text.encode("utf-8"):
             self._request.node.user_properties.append((_PROPERTY, "unchanged"))
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +198,12 @@ class _Summary:
             )
             for shown in sorted(self.written):
                 terminalreporter.write_line(f"  {shown}")
+
+
+def pytest_ignore_collect(collection_path: Path) -> Optional[bool]:
+    """Snapshot folders hold no tests: pytest's doctest plugin would read `test*.txt` in them as
+    doctest files (a snapshot that is not UTF-8 was a collection error before any test ran)."""
+    return True if collection_path.name == SNAPSHOTS else None
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -94,8 +94,8 @@ def test_update_writes_one_snapshot_per_test_then_they_pass(project: pytest.Pyte
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["hooktrace: 6 snapshot(s) written, 0 unchanged"])
     found = snapshots(project.path)
-    assert [re.sub(r"\]-[0-9a-f]{8}\.txt$", "]-HASH.txt", f) for f in found] == [
-        "__hooktrace__/test_locked/TestGroup.test_in_class.txt",
+    assert [re.sub(r"-[0-9a-f]{8}\.txt$", "-HASH.txt", f) for f in found] == [
+        "__hooktrace__/test_locked/TestGroup.test_in_class-HASH.txt",  # upper case: hashed
         "__hooktrace__/test_locked/test_model.txt",
         "__hooktrace__/test_locked/test_params[a_b_c-2]-HASH.txt",  # `a/b c`: unsafe, so hashed
         "__hooktrace__/test_locked/test_params[a_b_c-4]-HASH.txt",
@@ -206,14 +206,16 @@ def test_without_a_model_an_error_in_the_block_and_two_blocks(pytester: pytest.P
 def test_a_hand_edited_snapshot_compares_by_its_lines(project: pytest.Pytester) -> None:
     project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model").assert_outcomes(passed=1)
     path = project.path / "__hooktrace__/test_locked/test_model.txt"
-    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x and not x.startswith("#")]
-    path.write_text("# reviewed by hand\n" + "\n".join(x.replace("   ", " ") for x in lines) + "\n")
+    header, *rest = path.read_text(encoding="utf-8").splitlines()
+    lines = [x for x in rest if x and not x.startswith("#")]
+    edited = [x.replace("   ", " ").replace(" ", "\t", 2) for x in lines]  # other spacing, tabs
+    path.write_text(f"{header}\n# reviewed by hand\n" + "\n".join(edited) + "\n", encoding="utf-8")
     project.runpytest(*PLUGIN, "-k", "test_model").assert_outcomes(passed=1)
-    path.write_text("0 forward 0 forward_pre\n", encoding="utf-8")
+    path.write_text(f"{header}\n0 forward 0 forward_pre\n", encoding="utf-8")
     broken = project.runpytest(*PLUGIN, "-k", "test_model")
     broken.assert_outcomes(failed=1)
     broken.stdout.fnmatch_lines(
-        ["*is not an order file (line 1: expected step, phase, module, kind and hook*"]
+        ["*is not an order file (line 2: expected step, phase, module, kind and hook*"]
     )
 
 
@@ -221,18 +223,90 @@ def test_a_hand_edited_snapshot_compares_by_its_lines(project: pytest.Pytester) 
     ("nodeid", "name"),
     [
         ("tests/test_x.py::test_a", "test_a"),
-        ("tests/test_x.py::TestA::test_b[1-2]", "TestA.test_b[1-2]"),
+        ("tests/test_x.py::test_b[1.5-x]", "test_b[1.5-x]"),
+        ("tests/test_x.py::TestA::test_b[1-2]", "TestA.test_b[1-2]-"),  # upper case: hashed
+        ("tests/test_x.py::testa::test_b[1-2]", "testa.test_b[1-2]"),
         ("test_x.py::test_c[a/b]", "test_c[a_b]-"),
         ("test_x.py::test_c[a_b]", "test_c[a_b]"),
+        ("test_x.py::test_c[a::b]", "test_c[a__b]-"),
         ('test_x.py::test_d[ü:*?<>|"]', "test_d[________]-"),
+        ("test_x.py::a.b", "a.b-"),  # not a Python test: `.` would read as a class's
+        ("test_x.py::a::2", "a.2-"),  # would be test a's second block
+        ("test_x.py::test_e-0123abcd", "test_e-0123abcd-"),  # would read as a hashed name
     ],
 )
 def test_snapshot_names_are_safe_file_names(nodeid: str, name: str) -> None:
     got = snapshot_name(nodeid)
-    assert got.startswith(name) and (got == name or len(got) == len(name) + 8)
+    assert got.startswith(name) and (got == name or len(got) == len(name) + 8), got
     assert snapshot_name(nodeid) == got
     assert snapshot_name("x.py::test_" + "p" * 500).endswith(snapshot_name("x.py::test_" + "p" * 500)[-9:])
     assert len(snapshot_name("x.py::test_" + "p" * 500)) <= 130
+
+
+def test_two_tests_never_share_a_snapshot_file_on_any_file_system() -> None:
+    """The mapping from test to file is injective, also when case is ignored (macOS, Windows)."""
+    ids = ["a::b", "a.b", "a_b", "a:b", "A.b", "a.B", "a/b", "a b", "1.5", "a.b-0123abcd", ""]
+    nodeids = [f"t.py::test_p[{i}]" for i in ids] + ["t.py::test_p", "t.py::Test_p", "t.py::test_P"]
+    nodeids += ["t.py::TestA::test_p", "t.py::TestA.test_p", "t.py::Testa::test_p", "t.py::test_p::2"]
+    names = [snapshot_name(n) for n in nodeids]
+    files = {f"{n}.txt" for n in names} | {f"{n}.{k}.txt" for n in names for k in (2, 3)}
+    assert len({f.lower() for f in files}) == 3 * len(nodeids), sorted(names)
+
+
+def test_parametrize_ids_that_read_alike_get_their_own_snapshots(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_p="""
+        import pytest
+        import torch
+
+        @pytest.mark.parametrize("n", [1, 2, 3], ids=["a::b", "a.b", "A.b"])
+        def test_p(hook_order, n):
+            model = torch.nn.Linear(2, 2)
+            for _ in range(n):
+                model.register_forward_hook(lambda *a: None)
+            with hook_order(model):
+                model(torch.randn(1, 2))
+        """
+    )
+    pytester.runpytest(*PLUGIN, "--hooktrace-update").assert_outcomes(passed=3)
+    found = snapshots(pytester.path)
+    assert len(found) == 3 and len({f.lower() for f in found}) == 3, found
+    assert "__hooktrace__/test_p/test_p[a.b].txt" in found
+    pytester.runpytest(*PLUGIN).assert_outcomes(passed=3)
+
+
+def test_a_snapshot_that_is_not_an_order_file_fails_and_update_rewrites_it(project: pytest.Pytester) -> None:
+    project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model").assert_outcomes(passed=1)
+    path = project.path / "__hooktrace__/test_locked/test_model.txt"
+    written = path.read_bytes()
+    shown = "__hooktrace__/test_locked/test_model.txt"
+    for content, why in [
+        (b"\xff\xfe x", "not UTF-8 text"),
+        (written.replace(b"order 1:", b"order 2:"), "line 1: order format version 2, which this hooktrace"),
+        (b"", "it is empty"),
+        (b"# reviewed\n" + written, "its first line is not the format line"),
+    ]:
+        path.write_bytes(content)
+        result = project.runpytest(*PLUGIN, "-k", "test_model")
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([f"*the snapshot {shown} is not an order file ({why}*"])
+        result.stdout.fnmatch_lines(["*; rewrite it with pytest --hooktrace-update"])
+        assert "Traceback" not in result.stdout.str() and "UnicodeDecodeError" not in result.stdout.str()
+        update = project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model")
+        update.assert_outcomes(passed=1)
+        update.stdout.fnmatch_lines(["hooktrace: 1 snapshot(s) written, 0 unchanged"])
+        assert path.read_bytes() == written
+    path.unlink()
+    path.mkdir()
+    for args in (("--hooktrace-update",), ()):
+        result = project.runpytest(*PLUGIN, *args, "-k", "test_model")
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(
+            [
+                f"*the snapshot path {shown} is a folder, not a file: remove it, then run pytest --hooktrace-update"
+            ]
+        )
+        assert "Traceback" not in result.stdout.str() and "IsADirectoryError" not in result.stdout.str()
 
 
 def test_loading_the_plugin_imports_neither_torch_nor_hooktrace_s_capture() -> None:
