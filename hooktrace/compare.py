@@ -69,6 +69,27 @@ class Side:
     def lines(self) -> list[str]:
         return order_lines(self.as_order())
 
+    def has_format_line(self) -> bool:
+        """False for order text given without its `# hooktrace order 1` line."""
+        first = next((x for x in (self.text or "").splitlines() if x.strip()), "")
+        return self.text is None or format_version(first) is not None
+
+    def shown(self, headers: bool) -> tuple[list[str], list[str]]:
+        """The lines a diff shows (text as written, a trace as its order file, with the headers or
+        not) and what each means: a hook line as `order_lines` writes it, a header with its spaces
+        evened, so a hand-edited snapshot with other spacing matches."""
+        if self.text is not None:
+            text = self.text
+        else:
+            text = order_text(self.as_order()) if headers else "\n".join(self.lines())
+        lines, written = text.splitlines(), iter(self.lines())
+        return lines, [next(written) if _is_hook_line(x) else " ".join(x.split()) for x in lines]
+
+
+def _is_hook_line(line: str) -> bool:
+    """As `parse_order` tells them: not blank, not a `#` header."""
+    return bool(line.strip()) and not line.strip().startswith("#")
+
 
 def read_side(x: Comparable, name: str = "") -> Side:
     """`x` as a Side. A string is a path when it is one line and names a file or a folder, or ends in
@@ -132,10 +153,37 @@ def compare_sides(a: Side, b: Side) -> TraceDiff:
 
 
 def failure_message(a: Side, b: Side, result: TraceDiff, context: int = 3) -> str:
-    """What an order test says when it fails: `diff`'s summary, then the unified diff of the order
-    lines (expected first)."""
-    unified = difflib.unified_diff(a.lines(), b.lines(), a.name, b.name, lineterm="", n=context)
-    return f"{result.summary()}\n\n" + "\n".join(unified)
+    """What an order test says when it fails: `diff`'s summary, then the unified diff of the two order
+    files (expected first). A side read from a file or text is shown as written, so the `@@` line
+    numbers are the file's; a trace as its order file would be written (without the headers when the
+    other side is text without them)."""
+    headers = a.has_format_line() and b.has_format_line()
+    (la, ka), (lb, kb) = a.shown(headers), b.shown(headers)
+    return f"{result.summary()}\n\n" + "\n".join(_unified(la, ka, lb, kb, a.name, b.name, context))
+
+
+def _unified(
+    la: list[str], ka: list[str], lb: list[str], kb: list[str], na: str, nb: str, n: int
+) -> list[str]:
+    """`difflib.unified_diff` of the lines `la` and `lb`, matched by their meanings `ka` and `kb`."""
+    out = [f"--- {na}", f"+++ {nb}"]
+    for group in difflib.SequenceMatcher(None, ka, kb).get_grouped_opcodes(n):
+        (_, a1, _, b1, _), (_, _, a2, _, b2) = group[0], group[-1]
+        out.append(f"@@ -{_range(a1, a2)} +{_range(b1, b2)} @@")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [" " + x for x in la[i1:i2]]
+                continue
+            out += ["-" + x for x in la[i1:i2]] + ["+" + x for x in lb[j1:j2]]
+    return out
+
+
+def _range(start: int, stop: int) -> str:
+    """A hunk's range as `diff -u` writes it: first line (1-based) and count, the count left out when 1."""
+    count = stop - start
+    if count == 1:
+        return str(start + 1)
+    return f"{start if count == 0 else start + 1},{count}"
 
 
 def assert_order(observed: Comparable, expected: Comparable) -> TraceDiff:

@@ -281,6 +281,61 @@ def test_assert_order_raises_with_the_summary_and_the_unified_diff() -> None:
     assert "\n-0 forward   fc1          forward_pre   cast_inputs [returned]\n" in message
 
 
+def test_the_diff_in_a_failure_numbers_the_lines_of_the_expected_file(tmp_path: Path) -> None:
+    """`@@ -N` are lines of the golden file as written (headers, blank lines, hand-edited spacing);
+    order text given without its format line is diffed without headers, as before."""
+    golden = _saved(tmp_path, "golden.txt", two_layer())
+    moved = swap(two_layer(), 17, 18)  # the last two hooks, below the forward ones and two headers
+    with pytest.raises(AssertionError) as info:
+        hooktrace.assert_order(moved, golden)
+    message = str(info.value)
+    lines = golden.read_text(encoding="utf-8").splitlines()
+    assert lines[12:] == [
+        "# step 0 · backward",
+        "0 backward  fc2          backward_pre  grad_out_fc2",
+        "0 backward  fc1          grad          weight_grad on fc1.weight",
+        "0 backward  fc1          backward      grad_fc1",
+    ]
+    assert message.endswith(
+        f"--- {golden}\n+++ observed\n@@ -12,5 +12,5 @@\n \n # step 0 · backward\n"
+        " 0 backward  fc2          backward_pre  grad_out_fc2\n"
+        "+0 backward  fc1          backward      grad_fc1\n"
+        " 0 backward  fc1          grad          weight_grad on fc1.weight\n"
+        "-0 backward  fc1          backward      grad_fc1"
+    )
+    edited = tmp_path / "edited.txt"
+    hand = [x.replace("   ", "\t").replace("· backward", "·  backward") for x in lines]
+    edited.write_text("\n".join(hand), encoding="utf-8")
+    with pytest.raises(AssertionError) as info:
+        hooktrace.assert_order(moved, edited)
+    assert str(info.value).endswith(
+        f"--- {edited}\n+++ observed\n@@ -12,5 +12,5 @@\n \n # step 0 ·  backward\n"
+        f" {hand[13]}\n+0 backward  fc1          backward      grad_fc1\n {hand[14]}\n-{hand[15]}"
+    )
+    assert "\t" in hand[14]
+    with pytest.raises(AssertionError) as info:
+        hooktrace.assert_order(moved, "\n".join(order_lines(two_layer())))  # text without headers
+    assert (
+        "\n+++ observed\n@@ -7,5 +7,5 @@\n 0 forward   fc2          forward_pre   global_pre [global]\n"
+        in str(info.value)
+    )
+
+
+def test_the_failure_diff_is_difflib_s_when_lines_are_as_written() -> None:
+    import difflib
+    import random
+
+    from hooktrace.compare import _unified
+
+    rng = random.Random(0)
+    for _ in range(300):
+        a = [rng.choice("abcde") for _ in range(rng.randrange(0, 30))]
+        b = [rng.choice("abcde") for _ in range(rng.randrange(0, 30))]
+        n = rng.randrange(0, 4)
+        want = list(difflib.unified_diff(a, b, "x", "y", lineterm="", n=n))
+        assert _unified(a, a, b, b, "x", "y", n) == (want or ["--- x", "+++ y"])
+
+
 # -- the command line --------------------------------------------------------------------------------------------
 def _saved(tmp_path: Path, name: str, trace: Trace) -> Path:
     path = tmp_path / name

@@ -89,6 +89,19 @@ def snapshots(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in (root / "__hooktrace__").rglob("*") if p.is_file())
 
 
+def hunks_match_the_file(message: str, path: Path) -> int:
+    """Each `@@ -start,count` hunk of a failure message shows lines start.. of the snapshot file as
+    they are written there (its context and `-` lines, in order); returns how many hunks."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found = 0
+    for match in re.finditer(r"^@@ -(\d+)(?:,(\d+))? \+\S+ @@\n((?:[ +-].*\n?)*)", message, re.M):
+        start, count = int(match[1]), int(match[2] or 1)
+        shown = [x[1:] for x in match[3].splitlines() if x[:1] in " -"]
+        assert shown == lines[start - 1 : start - 1 + count], (match[0], lines)
+        found += 1
+    return found
+
+
 def test_update_writes_one_snapshot_per_test_then_they_pass(project: pytest.Pytester) -> None:
     result = project.runpytest(*PLUGIN, "--hooktrace-update")
     result.assert_outcomes(passed=6)
@@ -138,6 +151,9 @@ def test_a_changed_order_fails_with_the_diff(
         "\n 0 forward   0            forward_pre   pre"
         "\n+0 forward   0            forward_pre   early\n"
     ) in result.stdout.str()
+    snapshot = project.path / "__hooktrace__/test_locked/test_model.txt"
+    assert "\n@@ -1,6 +1,6 @@\n # hooktrace order 1: step phase" in result.stdout.str()
+    assert hunks_match_the_file(result.stdout.str(), snapshot) == 1
     assert "Traceback" not in result.stdout.str()
     monkeypatch.delenv("NO_PREPEND")
     monkeypatch.setenv("EXTRA_HOOK", "1")
@@ -203,7 +219,9 @@ def test_without_a_model_an_error_in_the_block_and_two_blocks(pytester: pytest.P
     pytester.runpytest(*PLUGIN).assert_outcomes(passed=3)
 
 
-def test_a_hand_edited_snapshot_compares_by_its_lines(project: pytest.Pytester) -> None:
+def test_a_hand_edited_snapshot_compares_by_its_lines(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model").assert_outcomes(passed=1)
     path = project.path / "__hooktrace__/test_locked/test_model.txt"
     header, *rest = path.read_text(encoding="utf-8").splitlines()
@@ -211,6 +229,17 @@ def test_a_hand_edited_snapshot_compares_by_its_lines(project: pytest.Pytester) 
     edited = [x.replace("   ", " ").replace(" ", "\t", 2) for x in lines]  # other spacing, tabs
     path.write_text(f"{header}\n# reviewed by hand\n" + "\n".join(edited) + "\n", encoding="utf-8")
     project.runpytest(*PLUGIN, "-k", "test_model").assert_outcomes(passed=1)
+    monkeypatch.setenv("NO_PREPEND", "1")
+    moved = project.runpytest(*PLUGIN, "-k", "test_model")
+    moved.assert_outcomes(failed=1)
+    assert hunks_match_the_file(moved.stdout.str(), path) == 1  # the lines as edited, numbered as there
+    shown = moved.stdout.str()
+    assert (
+        f"\n-{edited[0]}\n" in shown
+        and f"\n {edited[1]}\n+0 forward   0            forward_pre   early\n" in shown
+    )
+    assert "\n-# reviewed by hand\n" in shown  # the diff is to the file --hooktrace-update would write
+    monkeypatch.delenv("NO_PREPEND")
     path.write_text(f"{header}\n0 forward 0 forward_pre\n", encoding="utf-8")
     broken = project.runpytest(*PLUGIN, "-k", "test_model")
     broken.assert_outcomes(failed=1)
@@ -307,6 +336,26 @@ def test_a_snapshot_that_is_not_an_order_file_fails_and_update_rewrites_it(proje
             ]
         )
         assert "Traceback" not in result.stdout.str() and "IsADirectoryError" not in result.stdout.str()
+
+
+def test_with_plugin_autoload_disabled_p_enables_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the README says: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 skips the entry point; `-p` loads it."""
+    pytester.makepyfile(
+        test_off="""
+        def test_nothing_traced(hook_order):
+            with hook_order():
+                pass
+        """
+    )
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    off = pytester.runpytest()
+    off.assert_outcomes(errors=1)
+    off.stdout.fnmatch_lines(["*fixture 'hook_order' not found*"])
+    pytester.runpytest(*PLUGIN, "--hooktrace-update").assert_outcomes(passed=1)
+    assert snapshots(pytester.path) == ["__hooktrace__/test_off/test_nothing_traced.txt"]
+    pytester.runpytest(*PLUGIN).assert_outcomes(passed=1)
 
 
 def test_loading_the_plugin_imports_neither_torch_nor_hooktrace_s_capture() -> None:
