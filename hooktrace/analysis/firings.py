@@ -72,6 +72,11 @@ def hook_of(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
         return None
 
 
+def where(path: Optional[str]) -> str:
+    """A module path in a surprise's words: `fc`, `<root>`, or "a module outside the model" for none."""
+    return f"`{path or ROOT}`" if path is not None else "a module outside the model"
+
+
 def on_parameter(hook: Hook) -> bool:
     """A tensor hook on a parameter ("fc.weight"), not on an output, an input or another tensor."""
     return hook.scope == TENSOR and names_parameter(hook.tensor)
@@ -90,6 +95,4 @@ def place(hook: Hook) -> str:
         return "saved tensors"
     if hook.scope == NODE:
         return "an autograd node"
-    if hook.module is None:
-        return "a module outside the model"
-    return f"`{hook.module or ROOT}`"
+    return where(hook.module)

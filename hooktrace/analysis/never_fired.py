@@ -31,16 +31,12 @@ from ..kinds import (
     TENSOR,
     K,
 )
-from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
+from ..schema import Event, Hook, Surprise, Trace, is_internal_error
 from .calls import Call, calls
-from .firings import is_library_hook, place, plural
+from .firings import is_library_hook, place, plural, where
 
 CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 NOT_ASKED = "info"  # hooks of calls nobody made (state_dict(), registrations): not surprising
-
-
-def _where(path: Optional[str]) -> str:
-    return f"`{path or ROOT}`" if path is not None else "a module outside the model"
 
 
 def _since(trace: Trace) -> str:
@@ -151,7 +147,7 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
         family = [k for k in STATE_DICT_KINDS if TABLE[k].call == call]
         if not facts.kinds_fired.intersection(family):
             return f"no {call} call was made while tracing", NOT_ASKED
-        return f"{call} ran while tracing, but no call reached {_where(hook.module)}", NOT_ASKED
+        return f"{call} ran while tracing, but no call reached {where(hook.module)}", NOT_ASKED
     if kind in REGISTRATION_KINDS:
         return f"no {TABLE[kind].call} was registered after it, while tracing", NOT_ASKED
     if kind in OPTIMIZER_KINDS:
@@ -187,17 +183,17 @@ def _forward_reason(facts: _Facts, hook: Hook) -> tuple[str, str]:
     mine = [c for c in facts.calls if c.module == hook.module]
     if hook.kind == K.forward and mine and all(c.raised for c in mine) and not hook.always_call:
         return (
-            f"every call of {_where(hook.module)} raised before its forward hooks ran "
+            f"every call of {where(hook.module)} raised before its forward hooks ran "
             f"(always_call=True would have run it)",
             "warn",
         )
     if hook.registered_during_run:
         return (
-            f"it was registered while the model ran, and no later call of {_where(hook.module)} reached it",
+            f"it was registered while the model ran, and no later call of {where(hook.module)} reached it",
             "warn",
         )
     return (
-        f"the trace does not show why ({_where(hook.module)} was called {plural(len(mine), 'time')})",
+        f"the trace does not show why ({where(hook.module)} was called {plural(len(mine), 'time')})",
         "warn",
     )
 
@@ -212,7 +208,7 @@ def _backward_reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
         last_error = facts.errors[-1] if facts.errors else None
         if last_error is not None:
             return (
-                f"{_where(last_error.module)} raised {last_error.error} and no backward hook fired after it",
+                f"{where(last_error.module)} raised {last_error.error} and no backward hook fired after it",
                 "warn",
             )
         return "no backward hook fired at all, so the trace does not show whether a backward pass ran", "warn"
@@ -234,12 +230,12 @@ def _full_backward_reason(facts: _Facts, hook: Hook) -> str:
     evidence = _gradient_inside(facts, module, steps)
     if not evidence:
         return (
-            f"backward ran, but no gradient was computed for the output {_where(module)} returned "
+            f"backward ran, but no gradient was computed for the output {where(module)} returned "
             f"(the trace does not show why: it may not require grad, or not lead to the loss)"
         )
     reason = (
-        f"backward ran and gradient reached {_names(evidence)} inside {_where(module)}, but not the output "
-        f"{_where(module)} returned, which carries its full backward hooks: the loss was computed from a "
+        f"backward ran and gradient reached {_names(evidence)} inside {where(module)}, but not the output "
+        f"{where(module)} returned, which carries its full backward hooks: the loss was computed from a "
         f"tensor taken inside its call"
     )
     keepers = _forward_hooks_that_fired(facts, module)
@@ -273,7 +269,7 @@ def _gradient_inside(facts: _Facts, module: str, steps: set) -> list[str]:
             if inner and all(
                 any(o.enter < c.enter and (o.end or 1 << 62) > c.enter for o in outer) for c in inner
             ):
-                found.append(f"{_where(e.module)} ({_label(other)})")
+                found.append(f"{where(e.module)} ({_label(other)})")
         elif (
             other.scope == TENSOR
             and other.tensor

@@ -32,7 +32,7 @@ from .accumulating import accumulating
 from .calls import Call, in_order
 from .calls import calls as module_calls
 from .compiled import Windows, compiled
-from .firings import firings, hook_of, level_of, on_parameter, place, plural
+from .firings import firings, hook_of, level_of, on_parameter, place, plural, where
 from .identity import identity
 from .never_fired import never_fired
 from .training import forward_wrapper, step_in_grad_hook
@@ -42,12 +42,6 @@ __all__ = ["RULES", "find_surprises", "is_internal_error", "split_levels"]
 MAX_SEQS = 50  # events named per surprise (enough to find them; the count is in the message)
 # what PyTorch uses a hook's return value for, and who sees it then (kinds.TABLE)
 REPLACED = {name: k.returned for name, k in TABLE.items() if k.returned is not None}
-
-
-def where(path: Optional[str]) -> str:
-    if path is None:
-        return "a module outside the model"
-    return f"`{path}`" if path else f"`{ROOT}`"
 
 
 def label(hook: Hook) -> str:

@@ -16,13 +16,9 @@ from collections import defaultdict
 from typing import Optional
 
 from ..kinds import HOOK, OPTIMIZER_PHASE, K
-from ..schema import ROOT, Event, Surprise, Trace
+from ..schema import Event, Surprise, Trace
 from .calls import calls as module_calls
-from .firings import hook_of, level_of, on_parameter, plural
-
-
-def _where(path: Optional[str]) -> str:
-    return f"`{path or ROOT}`" if path is not None else "a module outside the model"
+from .firings import hook_of, level_of, on_parameter, plural, where
 
 
 def forward_wrapper(trace: Trace) -> list[Surprise]:
@@ -52,7 +48,7 @@ def forward_wrapper(trace: Trace) -> list[Surprise]:
         out.append(
             Surprise(
                 "forward-wrapper",
-                f"{_where(module)}'s forward was replaced on the instance by {wrapper_name}; its forward "
+                f"{where(module)}'s forward was replaced on the instance by {wrapper_name}; its forward "
                 f"pre-hook{'s' if len(pres) > 1 else ''} {names} ran before that wrapper, so "
                 f"{'they saw' if len(pres) > 1 else 'it saw'} the module and its inputs before the wrapper's "
                 f"work (weights an offloading wrapper moves in, inputs it edits); forward hooks run after it.",
