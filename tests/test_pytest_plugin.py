@@ -91,7 +91,9 @@ def snapshots(root: Path) -> list[str]:
 
 def hunks_match_the_file(message: str, path: Path) -> int:
     """Each `@@ -start,count` hunk of a failure message shows lines start.. of the snapshot file as
-    they are written there (its context and `-` lines, in order); returns how many hunks."""
+    they are written there (its context and `-` lines, in order); returns how many hunks. Only the
+    FAILURES section counts: with CI set, pytest repeats whole messages in its short summary."""
+    message = message.split("short test summary info", 1)[0]
     lines = path.read_text(encoding="utf-8").splitlines()
     found = 0
     for match in re.finditer(r"^@@ -(\d+)(?:,(\d+))? \+\S+ @@\n((?:[ +-].*\n?)*)", message, re.M):
