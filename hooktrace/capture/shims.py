@@ -337,8 +337,8 @@ def make_module_call(
     whose class overrides `_call_impl` get theirs. `on_input(module, tensor)` sees positional tensor
     inputs that carry hooks registered before the block (an input's own hooks fire in backward and
     are traced like any tensor hook); `on_new_module(module)` sees each module's first call (its
-    parameters may hold hooks registered before the block). The output of modules with backward hooks is told to the
-    capture by the `_call_impl` copy itself (views.hooktrace_output).
+    parameters may hold hooks registered before the block). The output of modules with backward
+    hooks is told to the capture by the `_call_impl` copy itself (views.hooktrace_output).
     """
     append = rec.calls.append
     compiled_calls = rec.compiled
