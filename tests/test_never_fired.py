@@ -179,6 +179,35 @@ def test_state_dict_hooks_fire_when_asked_for():
     assert sd.id not in never_fired(t.trace)
 
 
+def test_optimizer_state_dict_hooks_not_asked_for_name_their_call():
+    m = lin()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with hooktrace.trace(m) as t:
+        sd = opt.register_state_dict_pre_hook(lambda *a: None)
+        load = opt.register_load_state_dict_post_hook(lambda *a: None)
+        m(torch.randn(1, 3)).sum().backward()
+        opt.step()
+    sd.remove()
+    load.remove()
+    found = never_fired(t.trace)
+    assert found[sd.id].level == found[load.id].level == "info"
+    assert "the optimizer's state_dict() was not called while tracing" in found[sd.id].message
+    assert "the optimizer's load_state_dict() was not called while tracing" in found[load.id].message
+
+
+def test_optimizer_state_dict_hooks_fire_when_asked_for():
+    m = lin()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with hooktrace.trace(m) as t:
+        sd = opt.register_state_dict_pre_hook(lambda *a: None)
+        load = opt.register_load_state_dict_post_hook(lambda *a: None)
+        opt.load_state_dict(opt.state_dict())
+    sd.remove()
+    load.remove()
+    found = never_fired(t.trace)
+    assert sd.id not in found and load.id not in found
+
+
 def test_a_hook_that_fired_is_never_never_fired():
     """Every hook with events is out of never-fired, whatever its scope."""
     m = lin()

@@ -151,9 +151,8 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
     if kind in REGISTRATION_KINDS:
         return f"no {TABLE[kind].call} was registered after it, while tracing", NOT_ASKED
     if kind in OPTIMIZER_KINDS:
-        if K.state_dict in kind:
-            call = "load_state_dict()" if "load" in kind else "state_dict()"
-            return f"the optimizer's {call} was not called while tracing", NOT_ASKED
+        if TABLE[kind].call is not None:  # its state_dict() or load_state_dict()
+            return f"the optimizer's {TABLE[kind].call} was not called while tracing", NOT_ASKED
         if hook.scope == GLOBAL:
             return f"no optimizer's step() ran {_since(facts.trace)}", "warn"
         return f"its optimizer's step() did not run {_since(facts.trace)}", "warn"
