@@ -126,9 +126,7 @@ def read_file(path: Path) -> Side:
     """A saved trace (JSON, gzip) or an order file, by its first bytes. An order file must start with
     the format line of this version (`render.order.parse_order(as_file=True)`); an OrderFormatError
     starts with the path."""
-    raw = read_bytes(path)  # a regular file of a bounded size: never a FIFO or /dev/zero
-    if raw[:2] == GZIP_MAGIC:  # `-f order -o x.txt.gz` wrote it compressed
-        raw = inflate(raw, str(path))
+    raw = _file_bytes(path)
     if not is_order_text(raw[:64]):
         return Side(load(path), False, str(path))
     try:
@@ -213,11 +211,17 @@ def load_trace_file(path: Path) -> Trace:
         raise _unreadable(path, exc) from exc
 
 
+def _file_bytes(path: Path) -> Union[bytes, bytearray]:
+    """A file's bytes, inflated when it is gzip (`-f order -o x.txt.gz` writes it compressed); a
+    regular file of a bounded size only: never a FIFO or /dev/zero."""
+    raw = read_bytes(path)
+    return inflate(raw, str(path)) if raw[:2] == GZIP_MAGIC else raw
+
+
 def _is_order_file(path: Path) -> bool:
     """Does `path` start with an order file's format line (plain or gzip)?"""
     try:
-        raw = read_bytes(path)
-        head = bytes((inflate(raw, str(path)) if raw[:2] == GZIP_MAGIC else raw)[:200])
+        head = bytes(_file_bytes(path)[:200])
     except (TraceFormatError, OSError):
         return False
     return format_version(head.decode("utf-8-sig", "replace").split("\n", 1)[0]) is not None
