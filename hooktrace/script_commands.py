@@ -35,15 +35,20 @@ def _differs(golden: Optional[Side], observed: Trace, name: str, quiet: bool) ->
     return not print_comparison(golden, Side(observed, False, name), check=True, quiet=quiet)
 
 
+def _notes(notes: list[str], golden: Optional[Side], quiet: bool) -> None:
+    """A run's notes on stderr; none with `--check GOLDEN -q`, which prints only the differences."""
+    if quiet and golden is not None:
+        return
+    for note in notes:
+        _stderr(f"note: {note}")
+
+
 def run_outcome(
     result: RunResult, label: str, golden: Optional[Side], quiet: bool, show_traceback: bool
 ) -> int:
     """After `run` has shown its trace: the run's notes, its failure, the `--check` comparison and the
-    signal that stopped it, on stderr; the exit code. With --check -q the notes stay unsaid: it prints
-    nothing when the order is equal."""
-    if not (quiet and golden is not None):
-        for note in result.notes:
-            _stderr(f"note: {note}")
+    signal that stopped it, on stderr; the exit code."""
+    _notes(result.notes, golden, quiet)
     code = EXIT_OK
     if result.exception is not None:
         if show_traceback:
@@ -179,9 +184,8 @@ def run_exec(
                 )
             elif rank == 0:
                 _output(trace, fmt, None, view)
-        if rank in (None, 0) and not (quiet and golden is not None):  # --check -q: only the differences
-            for note in result.notes:
-                _stderr(f"note: {note}")
+        if rank in (None, 0):
+            _notes(result.notes, golden, quiet)
 
     result = run_script(target, options, on_trace)
     shown = result.trace.meta.rank in (None, 0)
