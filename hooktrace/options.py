@@ -31,9 +31,9 @@ VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "exp
               "all_surprises": "--all-surprises"}  # fmt: skip
 _DEVICE = re.compile(r"(cpu|auto|meta|cuda(:\d+)?)")
 # Bounds of the numbers a run takes. A trace keeps every event in memory (benchmarks/README.md has
-# the bytes per event) and hook order settles within a few steps: --steps stops at ten thousand. --warmup keeps
-# nothing in memory but costs the time of a step each, and first-call work is over after one or two:
-# it stops at ten thousand too. --timeout is a finite number of seconds up to a week. --nproc: see
+# the bytes per event) and hook order settles within a few steps: --steps stops at ten thousand.
+# --warmup keeps nothing in memory but costs the time of a step each, and first-call work is over
+# after one or two: it stops at ten thousand too. --timeout is a finite number of seconds up to a week. --nproc: see
 # `max_nproc`.
 MAX_STEPS = 10_000
 MAX_WARMUP = 10_000

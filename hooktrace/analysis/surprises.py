@@ -284,9 +284,7 @@ def hook_error(trace: Trace) -> list[Surprise]:
         if still:
             ran = names(label(trace.hook(s.hook)) for s in still)  # type: ignore[arg-type]
             message += f" always_call forward hook{'s' if len(still) > 1 else ''} that still ran: {ran}."
-        elif (
-            e.kind in FORWARD_KINDS and call is not None and call.end is not None
-        ):  # the call ended in the trace
+        elif e.kind in FORWARD_KINDS and call is not None and call.end is not None:  # its end is in the trace
             message += " No always_call forward hook ran after it."
         ids = [i for i in (e.hook, *(s.hook for s in still)) if i is not None]
         out.append(Surprise("hook-error", message, ids, [e.seq, *(s.seq for s in still)], level="warn"))

@@ -136,9 +136,8 @@ def copies() -> views._Copies:
         if copied is None:
             raise views.unsupported("Optimizer.profile_hook_step does not make one step wrapper")
         own = _wrapper_code(vars(torch.optim.Optimizer)["profile_hook_step"])
-        if (
-            own is None or own.co_freevars != copied.co_freevars
-        ):  # else a wrapper's __code__ cannot be swapped
+        # a wrapper's __code__ is swapped for the copy's: both must read the same free names
+        if own is None or own.co_freevars != copied.co_freevars:
             raise views.unsupported(
                 "the copied step wrapper of Optimizer.profile_hook_step reads other names"
             )
