@@ -118,6 +118,33 @@ def test_the_whole_script_when_it_ends_first(exec_in, tmp_path):
     assert _traced(hooktrace.load(out_path)) == _logged(log, 0, 99)
 
 
+@pytest.mark.parametrize("raising", [False, True])
+def test_a_script_over_before_the_window_opens_says_so(exec_in, tmp_path, raising):
+    """`--start 5` on a script of 2 steps (or one that raises in its second): an empty trace, the
+    note, the script's own exit code and every hook it ran as when untraced; nothing of hooktrace left
+    installed (the empty trace's capture opened beside the registration watch and failed)."""
+    import torch
+
+    registers = {
+        name: vars(torch.nn.Module)[name] for name in vars(torch.nn.Module) if name.startswith("register_")
+    }
+    script = ["raises.py"] if raising else ["loop.py", "--steps", "2"]
+    out_path = tmp_path / "t.json"
+    code, out, err, log = exec_in("--start", "5", "-o", str(out_path), *script)
+    plain = _logged(log, 0, 99)
+    assert code == (1 if raising else 0), err
+    assert "before the window opened (--start 5): nothing traced" in err
+    assert "another capture" not in err and (raising or "finished 2" in out)
+    assert hooktrace.load(out_path).events == []
+    assert {name: vars(torch.nn.Module)[name] for name in registers} == registers
+    # the hooks ran as they do untraced: the same script under plain python logs the same
+    untraced = tmp_path / "untraced.log"
+    env = {**os.environ, "HOOKTRACE_TEST_LOG": str(untraced)}
+    done = subprocess.run([sys.executable, *script], cwd=SCRIPTS, env=env, capture_output=True, text=True)
+    assert done.returncode == code
+    assert plain == _logged(untraced, 0, 99) and (plain or raising)  # raises.py logs nothing
+
+
 def test_step_on_backward(exec_in, tmp_path):
     out_path = tmp_path / "loop.json"
     # accumulation 2: two backward calls per optimizer step; backward 2 ends the first half of step 1

@@ -185,6 +185,8 @@ class _Window:
         if self.state == "open":
             self.session.__exit__(None, None, None)
             self.watch.rewrap()
+        elif self.state == "before":  # the script is over before the window opened: nothing to watch
+            self.restore()  # (the empty trace's capture cannot open beside the registration watch)
         self.state = "closed"
         if self.options.keep_running:  # nothing more to count: the script runs as if untraced
             self.restore()
