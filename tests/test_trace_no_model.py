@@ -133,18 +133,40 @@ def test_a_closure_given_to_optimizer_step_is_not_the_optimizer_phase():
 
 
 def _parameter_hooks_before(traced_model: bool) -> tuple[list[str], list[str], hooktrace.Trace]:
-    """Parameter hooks registered before the block, on the model and on a loss module outside it."""
+    """Parameter hooks registered before the block, on the model and on a loss module outside it.
+    Untraced, the same code gives the same record, gradients and parameters' hook dicts (the same
+    objects, in the same order) as traced."""
     from .training_hooks import Log
 
-    torch.manual_seed(0)
-    net, head = Net(), torch.nn.Linear(3, 1)
-    L = Log()
-    net.fc.weight.register_hook(L.fn("fc.weight grad"))
-    net.fc.bias.register_post_accumulate_grad_hook(L.fn("fc.bias post"))
-    head.weight.register_hook(L.fn("head.weight grad"))
-    net.register_forward_hook(L.fn("net forward"))
+    def make() -> tuple[Net, torch.nn.Linear, Log]:
+        torch.manual_seed(0)
+        net, head = Net(), torch.nn.Linear(3, 1)
+        L = Log()
+        net.fc.weight.register_hook(L.fn("fc.weight grad"))
+        net.fc.bias.register_post_accumulate_grad_hook(L.fn("fc.bias post"))
+        head.weight.register_hook(L.fn("head.weight grad"))
+        net.register_forward_hook(L.fn("net forward"))
+        return net, head, L
+
+    def state(net: Net, head: torch.nn.Linear) -> tuple[list, list]:
+        params = [*net.parameters(), *head.parameters()]
+        # handle ids count on across the two runs: the hooks' names, in dict order
+        dicts = [[fn.__qualname__ for fn in (p._backward_hooks or {}).values()]
+                 + [fn.__qualname__ for fn in (p._post_accumulate_grad_hooks or {}).values()]
+                 for p in params]  # fmt: skip
+        return [p.grad for p in params], dicts
+
+    net, head, plain = make()
+    head(net(torch.ones(2, 4))).sum().backward()
+    grads, dicts = state(net, head)
+    net, head, L = make()
+    before = [dict(p._backward_hooks or {}) for p in net.fc.parameters()]
     with hooktrace.trace(net if traced_model else None) as t:
         head(net(torch.ones(2, 4))).sum().backward()
+    traced_grads, traced_dicts = state(net, head)
+    assert L.log == plain.log and traced_dicts == dicts
+    assert all(torch.equal(a, b) for a, b in zip(grads, traced_grads))
+    assert [dict(p._backward_hooks or {}) for p in net.fc.parameters()] == before  # the user's own objects
     return L.log, L.traced(t.trace), t.trace
 
 
