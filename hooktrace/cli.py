@@ -118,11 +118,24 @@ PROFILE_OPT = typer.Option(
     metavar="PATH",
     help="Also run under torch.profiler and write its Chrome trace here (hooks as ranges).",
 )
+HIDE_LIBRARY_OPT = typer.Option(
+    False,
+    "--hide-library",
+    help="Leave out hooks whose code is in torch or an installed package (counted as hidden); "
+    "not from the trace file.",
+)
+HIDE_OPT = typer.Option(
+    None,
+    "--hide",
+    metavar="GLOB",
+    help="Leave out hooks whose name or defining file matches GLOB (repeatable); not from the trace file.",
+)
 TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
 # the View and Output groups' options (options.grouped): one declaration for run, exec and render
 grouped_options = grouped(
     dict(format=FORMAT_OPT, output=OUTPUT_OPT, check=CHECK_OPT, quiet=QUIET_OPT, depth=DEPTH_OPT,
-         module=MODULE_OPT, phase=PHASE_OPT, expand=EXPAND_OPT, all_surprises=ALL_SURPRISES_OPT)
+         module=MODULE_OPT, phase=PHASE_OPT, expand=EXPAND_OPT, all_surprises=ALL_SURPRISES_OPT,
+         hide_library=HIDE_LIBRARY_OPT, hide=HIDE_OPT)
 )  # fmt: skip
 
 

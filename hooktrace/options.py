@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Optional, get_type_hints
+from typing import Any, Callable, List, Optional, get_type_hints
 
 from .kinds import PHASES, ROOT
 
@@ -28,7 +28,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 PHASE_CHOICES = PHASES
 ROOT_LABEL = ROOT  # how the tree shows the root module; `--module "<root>"` selects it
 VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
-              "all_surprises": "--all-surprises"}  # fmt: skip
+              "all_surprises": "--all-surprises", "hide_library": "--hide-library", "hide": "--hide"}  # fmt: skip
+HIDING = ("hide_library", "hide")  # View's options that leave hooks out of every rendering but the trace file
 _DEVICE = re.compile(r"(cpu|auto|meta|cuda(:\d+)?)")
 # Bounds of the numbers a run takes. A trace keeps every event in memory (benchmarks/README.md has
 # the bytes per event) and hook order settles within a few steps: --steps stops at ten thousand.
@@ -228,10 +229,17 @@ class View:
     phase: Optional[str] = None
     expand: bool = False
     all_surprises: bool = False
+    hide_library: bool = False
+    hide: Optional[List[str]] = None
 
     def given(self) -> dict[str, Any]:
         """The options given (UsageError for an unknown --phase), as `view_options`."""
-        return view_options(self.depth, self.module, self.phase, self.expand, self.all_surprises)
+        given = view_options(self.depth, self.module, self.phase, self.expand, self.all_surprises)
+        if self.hide_library:
+            given["hide_library"] = True
+        if self.hide:
+            given["hide"] = tuple(self.hide)
+        return given
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from .options import VIEW_FLAGS, UsageError, module_path
+from .options import HIDING, VIEW_FLAGS, UsageError, module_path
 from .schema import Trace
 
 PIPE_WIDTH = 120
@@ -110,6 +110,9 @@ def output(
     try:
         chosen = r.format_for_path(str(output) if output else None, fmt)
         takes = r.renderer(chosen).options
+        if chosen != "json":  # the trace file keeps every hook; every other rendering hides them
+            trace = hidden(trace, view)
+            view = {k: v for k, v in view.items() if k not in HIDING}
         ignored = [VIEW_FLAGS[k] for k in view if k not in takes]
         if ignored:
             what = ", which holds the whole trace" if chosen == "json" else " (tree only)"
@@ -137,9 +140,21 @@ def output(
     write(trace, output, data)
     if not quiet:
         from .analysis.counts import count
+        from .analysis.hiding import hidden_of
 
         dry = "; dry run on meta: shapes only, no values" if trace.meta.dry_run else ""
+        left_out = hidden_of(trace)
+        dry += f"; {left_out.phrase()}" if left_out is not None else ""
         stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()}{dry})")
+
+
+def hidden(trace: Trace, view: dict[str, Any]) -> Trace:
+    """The trace as `--hide-library` / `--hide GLOB` in `view` leave it (`analysis.hiding`)."""
+    if not any(k in view for k in HIDING):
+        return trace
+    from .analysis.hiding import hide
+
+    return hide(trace, library=bool(view.get("hide_library")), globs=view.get("hide", ()))
 
 
 def write(trace: Trace, output: Path, data: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Iterable, Optional
 
 from ..analysis.counts import plural  # noqa: F401  (re-exported for the renderers)
 from ..kinds import GLOBAL, OPTIMIZER_PHASE, PHASES, RECOMPUTE
-from ..schema import ROOT, Event, Hook, Meta
+from ..schema import ROOT, Event, Hook, Meta, is_internal_error
 from .safe import safe_text
 
 # Said once by every rendering of a trace whose model ran on meta (`Meta.dry_run`).
@@ -77,8 +77,8 @@ def badges(h: Optional[Hook], events: Iterable[Event] = ()) -> list[str]:
     events = list(events)
     if any(e.returned for e in events):
         out.append(BADGES["returned"])
-    if any(e.error is not None for e in events):
-        out.append(BADGES["error"])
+    if any(e.error is not None and not is_internal_error(e.error) for e in events):
+        out.append(BADGES["error"])  # checkpoint's own early stop is PyTorch's, not an error
     return out
 
 
@@ -144,6 +144,19 @@ def location(defined_at: Optional[str], meta: Meta) -> str:
         if file == own or file.endswith("/" + own):
             return safe_text(f"{own.rsplit('/', 1)[-1]}:{line}")
     return safe_text(defined_at)
+
+
+def _file(where: str) -> str:
+    file, _, line = where.rpartition(":")
+    return file if file and line.isdigit() else where
+
+
+def user_site(h: Optional[Hook]) -> Optional[str]:
+    """The user's line that registered `h` (`registered_by`), when its code is defined in another
+    file (a library's hook, torch's saved-tensor hooks): the line to look for in your own code."""
+    if h is None or not h.registered_by or not h.defined_at:
+        return None
+    return h.registered_by if _file(h.registered_by) != _file(h.defined_at) else None
 
 
 def title_target(meta: Meta) -> str:

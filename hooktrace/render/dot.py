@@ -141,8 +141,10 @@ class _Emitter:
             lines.append(_esc(" · ".join(words)))
         errors = [x.error for x in events if x.error is not None and not is_internal_error(x.error)]
         stops = [x.error for x in events if is_internal_error(x.error)]
-        if errors or stops:
-            lines.append(_esc(f"error: {short_error((errors or stops)[0] or '')}"))
+        if errors:
+            lines.append(_esc(f"error: {short_error(errors[0] or '')}"))
+        elif stops:  # checkpoint's normal early stop: the tree's words, not an error
+            lines.append(_esc(f"stopped by PyTorch: {short_error(stops[0] or '')}"))
         rules = [r for x in events for r in self.rules.get(x.seq, ())]
         if rules:
             lines.append(_esc("surprise: " + ", ".join(dict.fromkeys(rules))))

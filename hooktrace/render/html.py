@@ -41,7 +41,7 @@ from ..kinds import (
     K,
 )
 from ..kinds import HOOK as HOOK_EVENT
-from ..schema import Event, Trace
+from ..schema import PYTORCH_INTERNAL_ERRORS, Event, Trace
 from .badges import BADGES, DRY_RUN_NOTE, PHASE_TITLES, times_note, title_target
 from .safe import UNSAFE_CHARS
 
@@ -98,6 +98,7 @@ def words() -> dict[str, Any]:
         "enter_event": ENTER,
         "global_scope": GLOBAL,
         "badges": BADGES,
+        "internal_errors": list(PYTORCH_INTERNAL_ERRORS),  # PyTorch's own early stops: not an `error`
     }
 
 

@@ -23,6 +23,7 @@ from rich.tree import Tree
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
+from ..analysis.hiding import hidden_of, hide
 from ..io import gc_paused
 from ..kinds import ENTER, GLOBAL, HOOK, PHASES, TABLE, K
 from ..options import UsageError, module_path
@@ -42,6 +43,7 @@ from .badges import (
     short_error,
     split_surprises,
     times_note,
+    user_site,
 )
 from .errors import RenderError
 from .safe import safe_text
@@ -130,7 +132,12 @@ class _Drawer:
         if where:
             where = _fit_path(where, self.width - col - len(CONT))
             segs.append(("  ", Text(where, style="dim")))
-        if e.error is not None:
+        by = user_site(h)
+        if by is not None:  # a hook defined elsewhere: the user's line that registered it
+            segs.append(("  ", Text(f"registered by {location(by, self.meta)}", style="dim")))
+        if is_internal_error(e.error):  # checkpoint stopping its recompute early: normal, not an error
+            segs.append(("  ", Text(f"stopped by PyTorch: {short_error(e.error or '')}", style="yellow")))
+        elif e.error is not None:
             segs.append(("  ", Text(f"error: {short_error(e.error)}", style="red")))
         line = _pack(segs, self.width - col)
         if e.shapes is not None:  # on a line of its own, under the hook: what it received and returned
@@ -310,6 +317,9 @@ def _summary(view: TreeView, width: int) -> Text:
         )
     n = len(view.surprises)
     parts.append(plural(n, "surprise") + (f" (+{view.hidden_info} info)" if view.hidden_info else ""))
+    left_out = hidden_of(view.trace)
+    if left_out is not None:
+        parts.append(left_out.phrase())
     note: Optional[str] = None
     if view.times and events:
         total = max(e.start_ns + e.duration_ns for e in events) - min(e.start_ns for e in events)
@@ -422,14 +432,24 @@ def _empty_message(trace: Trace, module: Optional[str], phase: Optional[str]) ->
 
 
 def tree_text(
-    trace: Any, *, width: int = 100, color: bool = False, module: Optional[str] = None, **opts: Any
+    trace: Any,
+    *,
+    width: int = 100,
+    color: bool = False,
+    module: Optional[str] = None,
+    hide_library: bool = False,
+    hide_globs: tuple[str, ...] = (),
+    **opts: Any,
 ) -> str:
     """The tree of a `Trace`, or of the `with hooktrace.trace(...) as t` session, as text: plain
     (color=False, as when piped) or with ANSI colours. Options as `hooktrace render`: depth, module,
-    phase, expand, times, all_surprises (`hooktrace.tree_text` is this function).
+    phase, expand, times, all_surprises; hide_library and hide_globs as `--hide-library` and
+    `--hide GLOB` (`hooktrace.tree_text` is this function).
 
     Always the text, also inside a Jupyter kernel (rich would otherwise send it to the notebook)."""
-    trace = getattr(trace, "trace", trace)  # a TraceSession gives its trace
+    trace = hide(
+        getattr(trace, "trace", trace), library=hide_library, globs=hide_globs
+    )  # a session: its trace
     if module is not None and trace.events:  # `--module`'s rule, as `run` and `render` apply it
         module = resolve_module(trace, module)
     return view_text(build_tree(trace, module=module, **opts), width=width, color=color)

@@ -13,7 +13,10 @@
     this.phases = new Map(Object.entries(w.phases));
     this.unknownPhase = w.unknown_phase; this.savedKind = w.saved_kind; this.root = w.root;
     this.HOOK = w.hook_event; this.ENTER = w.enter_event; this.GLOBAL = w.global_scope; this.badges = w.badges;
+    this.internalErrors = w.internal_errors || [];
   }
+  // PyTorch raising and catching its own exception (checkpoint stopping a recompute early): not an error
+  function stoppedByPyTorch(err) { return WORDS.internalErrors.indexOf(String(err).split(":")[0].trim()) >= 0; }
   Words.prototype.title = function (phase) { const p = this.phases.get(phase); return p ? p.title : phase; };
   Words.prototype.band = function (phase) { return (this.phases.get(phase) || this.phases.get(this.unknownPhase)).band; };
   function paint(e, kind) { const c = WORDS.kindColour.get(kind); if (c) e.style.color = c; return e; }
@@ -115,7 +118,7 @@
     }
     if (i !== undefined && i >= 0) {
       if (this.returned[i]) out.push(B.returned);
-      if (this.error[i] !== null && this.error[i] !== undefined) out.push(B.error);
+      if (this.error[i] !== null && this.error[i] !== undefined && !stoppedByPyTorch(this.error[i])) out.push(B.error);
     }
     return out;
   };
@@ -253,7 +256,7 @@
       if (t === ROW.CALL && ei >= 0 && m.type[ei] === WORDS.ENTER && m.dur[ei]) span(row, "dim", "  " + fmtNs(m.dur[ei]));
       const err = r.errors[i] === undefined ? undefined : r.errors[i].replace(/[:\s]+$/, "");
       if (err !== undefined) {
-        if (/^(CheckpointError|_StopRecomputationError)/.test(err) || err.indexOf("_StopRecomputationError") >= 0) span(row, "stopped", "  stopped by PyTorch: " + S(err));
+        if (stoppedByPyTorch(err)) span(row, "stopped", "  stopped by PyTorch: " + S(err));
         else span(row, "err", "  raised " + S(err));
       }
     } else if (t === ROW.PHASE) {
@@ -309,7 +312,10 @@
     for (const b of m.badges(h, ei)) span(row, "badge " + b.split(" ")[0], b);
     if (m.dur[ei]) span(row, "dim", "  " + fmtNs(m.dur[ei]));
     if (h && h.defined_at) span(row, "dim", "  " + m.location(h.defined_at));
-    if (m.error[ei] !== null && m.error[ei] !== undefined) span(row, "err", "  error: " + S(m.error[ei]));
+    if (m.error[ei] !== null && m.error[ei] !== undefined) {
+      if (stoppedByPyTorch(m.error[ei])) span(row, "stopped", "  stopped by PyTorch: " + S(m.error[ei]));
+      else span(row, "err", "  error: " + S(m.error[ei]));
+    }
     if (m.shapes[ei] !== null && m.shapes[ei] !== undefined) { span(row, "shapes", "  " + S(m.shapes[ei])); row.title = S(m.shapes[ei]); }
   };
   Pane.prototype.onClick = function (ev) {
@@ -376,7 +382,7 @@
       const id = m.hook[e];
       if (f.badge) {
         if (f.badge === WORDS.badges.returned) { if (!m.returned[e]) continue; }
-        else if (f.badge === WORDS.badges.error) { if (m.error[e] === null || m.error[e] === undefined) continue; }
+        else if (f.badge === WORDS.badges.error) { if (m.error[e] === null || m.error[e] === undefined || stoppedByPyTorch(m.error[e])) continue; }
         else {
           if (!hookBadges.has(id)) hookBadges.set(id, m.badges(m.hookOf(e)).includes(f.badge));
           if (!hookBadges.get(id)) continue;
@@ -736,7 +742,7 @@
       for (let e = 0; e < mm.n; e++) { if (mm.type[e] === WORDS.HOOK) kinds.add(mm.kind[e]); phases.add(mm.phase[e]); }
       for (const h of mm.hooks) for (const b of mm.badges(h)) badges.add(b);
       if (mm.returned.some((x) => x)) badges.add(WORDS.badges.returned);
-      if (mm.error.some((x, i) => x !== null && mm.type[i] === WORDS.HOOK)) badges.add(WORDS.badges.error);
+      if (mm.error.some((x, i) => x !== null && mm.type[i] === WORDS.HOOK && !stoppedByPyTorch(x))) badges.add(WORDS.badges.error);
     }
     const mk = (id, label, values, key) => {
       const s = el("select"); s.id = id; s.setAttribute("aria-label", label);

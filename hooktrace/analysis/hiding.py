@@ -1,0 +1,119 @@
+"""`--hide-library` and `--hide GLOB`: a trace without some hooks, for renderings only.
+
+The trace file keeps everything; every other rendering draws `hide(trace, ...)`, whose `hidden`
+attribute (`hidden_of`) says how many hooks and hook calls were left out, so each picture can say so.
+
+A hook is a library's when the code it runs is defined in torch or in an installed package (its
+`defined_at` is a path relative to a site-packages folder: `torch/utils/checkpoint.py:1123`), or in
+Python's own library. A file of the user's (`train.py:90`, `mylib/hooks.py:5` in the working folder,
+an absolute path outside Python's install, a notebook cell) is not, whatever registered it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import importlib.util
+import os
+import sysconfig
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from ..kinds import HOOK
+from ..schema import Hook, Surprise, Trace
+
+# Always a library, also when the trace is drawn where they are not installed.
+KNOWN_LIBRARIES = frozenset({"torch", "torchvision", "torchaudio", "transformers", "accelerate", "peft",
+                             "lightning", "pytorch_lightning", "deepspeed", "torchao", "hooktrace"})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """What a view left out: hooks and their calls, and why (`--hide-library`, `--hide GLOB`)."""
+
+    hooks: int
+    calls: int
+    why: str  # "--hide-library", "--hide '*pack*'", or both
+
+    def phrase(self) -> str:
+        """`hidden: 24 hook calls of 3 hooks (--hide-library)`, the words of every rendering."""
+        calls = f"{self.calls} hook call{'' if self.calls == 1 else 's'}"
+        hooks = f"{self.hooks} hook{'' if self.hooks == 1 else 's'}"
+        return f"hidden: {calls} of {hooks} ({self.why})"
+
+
+def _python_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(os.path.abspath(d) + os.sep for d in dirs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _installed(top: str) -> bool:
+    """A top-level module name that imports from outside the working folder (an installed package)."""
+    if top in KNOWN_LIBRARIES:
+        return True
+    if not top.isidentifier():
+        return False
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    if spec is None or (origin is None and not spec.submodule_search_locations):
+        return False
+    where = os.path.abspath(origin or next(iter(spec.submodule_search_locations or ["."])))
+    cwd = os.path.abspath(os.getcwd()) + os.sep
+    return not where.startswith(cwd) or any(where.startswith(d) for d in _python_dirs())
+
+
+def is_library_file(defined_at: Optional[str]) -> bool:
+    """Whether a `defined_at` (`file:line`, as the trace holds it) is library code (module docstring)."""
+    if not defined_at or defined_at.startswith(("<", "In [")):
+        return False
+    path = defined_at.rsplit(":", 1)[0] if defined_at.rsplit(":", 1)[-1].isdigit() else defined_at
+    if os.path.isabs(path):
+        return any(os.path.abspath(path).startswith(d) for d in _python_dirs())
+    top = path.replace("\\", "/").split("/", 1)[0]
+    return _installed(top.removesuffix(".py"))
+
+
+def matches(hook: Hook, globs: Iterable[str]) -> bool:
+    """`--hide GLOB`: the hook's name, or its defining file (`fancylib.py`, `fancylib.py:5`, the
+    file's base name) matches one of the globs."""
+    names = [hook.name, hook.name.rsplit(".", 1)[-1]]
+    if hook.defined_at:
+        file = hook.defined_at.rsplit(":", 1)[0]
+        names += [hook.defined_at, file, file.replace("\\", "/").rsplit("/", 1)[-1]]
+    return any(fnmatch.fnmatchcase(n, g) for g in globs for n in names)
+
+
+def hide(trace: Trace, *, library: bool = False, globs: Iterable[str] = ()) -> Trace:
+    """`trace` without the hooks `--hide-library` / `--hide GLOB` name, nor their calls; module calls,
+    the other hooks and the surprises about them stay. The trace itself is not changed."""
+    globs = tuple(globs)
+    if not library and not globs:
+        return trace
+    gone = {h.id for h in trace.hooks if (library and is_library_file(h.defined_at)) or matches(h, globs)}
+    events = [e for e in trace.events if not (e.type == HOOK and e.hook in gone)]
+    seqs = {e.seq for e in events}
+    surprises = [
+        Surprise(
+            s.rule,
+            s.message,
+            [h for h in s.hooks if h not in gone],
+            [q for q in s.events if q in seqs],
+            s.level,
+        )  # fmt: skip
+        for s in trace.surprises
+        if not (s.hooks and all(h in gone for h in s.hooks))
+    ]
+    out = Trace(trace.meta, trace.modules, [h for h in trace.hooks if h.id not in gone], events, surprises)
+    why = (["--hide-library"] if library else []) + [f"--hide {g!r}" for g in globs]
+    out.hidden = Hidden(len(gone), len(trace.events) - len(events), ", ".join(why))  # type: ignore[attr-defined]
+    return out
+
+
+def hidden_of(trace: Trace) -> Optional[Hidden]:
+    """What `hide` left out of this trace; None for a trace shown whole."""
+    return getattr(trace, "hidden", None)
