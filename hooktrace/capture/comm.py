@@ -21,7 +21,7 @@ import functools
 import inspect
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
 from .dynamo import skip_frame_calling_user_code
@@ -140,14 +140,10 @@ def restore() -> None:
         _swaps.clear()
 
 
-def ddp_modules(model: Any) -> Iterator[Any]:
-    """The DistributedDataParallel modules in `model` (itself included)."""
+def ddp_modules_in(modules: Iterable[Any]) -> list[Any]:
+    """The DistributedDataParallel modules among `modules`."""
     ddp_class = _ddp_class()
-    if ddp_class is None or not hasattr(model, "modules"):
-        return
-    for module in model.modules():
-        if isinstance(module, ddp_class):
-            yield module
+    return [] if ddp_class is None else [m for m in modules if isinstance(m, ddp_class)]
 
 
 def _ddp_class() -> Any:

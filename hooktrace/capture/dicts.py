@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
@@ -62,40 +63,63 @@ def kind_of(attr: str, owner: Any) -> str:
 def global_dicts() -> Iterator[HookDict]:
     for attr, _ in GLOBAL_DICTS + GLOBAL_OPTIMIZER_DICTS:
         d = global_dict(attr)
-        if d is not None:
+        if d:
             yield HookDict(d, kind_of(attr, None), None, GLOBAL)
 
 
+_MODULE_ATTRS = tuple(attr for attr, _ in MODULE_DICTS)
+_module_dicts_of = operator.itemgetter(*_MODULE_ATTRS)
+_tensor_dicts_of = operator.attrgetter(*(attr for attr, _ in TENSOR_DICTS))
+
+
 def module_dicts(module: Any) -> Iterator[HookDict]:
+    """The module's hook dicts that hold hooks."""
     md = module.__dict__
     for attr, _ in MODULE_DICTS:
         d = md.get(attr)
-        if d is not None:
+        if d:
             yield HookDict(d, kind_of(attr, module), module, MODULE)
 
 
 def tensor_dicts(tensor: Any) -> Iterator[HookDict]:
     for attr, kind in TENSOR_DICTS:
         d = getattr(tensor, attr, None)
-        if d is not None:
+        if d:
             yield HookDict(d, kind, None, TENSOR, tensor)
 
 
 def hook_dicts(model: Any) -> Iterator[HookDict]:
-    """Every hook dict in the order PyTorch fires them: the global ones, then each module's
-    (`named_modules()` order), then the parameters' (as `model.parameters()` gives them)."""
+    """Every hook dict that holds hooks, in the order PyTorch fires them: the global ones, then each
+    module's (`named_modules()` order), then the parameters' (as `model.parameters()` gives them)."""
     return hook_dicts_in(list(model.modules()) if isinstance(model, torch.nn.Module) else [])
 
 
 def hook_dicts_in(modules: list[Any]) -> Iterator[HookDict]:
-    """`hook_dicts` of these modules (in this order): the global dicts, the modules', their parameters'."""
+    """`hook_dicts` of these modules (in this order): the global dicts, the modules', their parameters'.
+
+    A session reads every module's at its start and its end, and most hold nothing: each module's
+    dicts are read by one C-level call (`itemgetter`), and so are each parameter's.
+    """
     yield from global_dicts()
     params: dict[int, Any] = {}
+    read, read_tensor = _module_dicts_of, _tensor_dicts_of
     for module in modules:
-        yield from module_dicts(module)
-        for param in module.__dict__.get("_parameters", {}).values():
-            if param is not None:
-                params.setdefault(id(param), param)
+        md = module.__dict__
+        try:
+            found = read(md)
+        except KeyError:  # a module whose __init__ did not make every dict
+            found = tuple(md.get(attr) for attr in _MODULE_ATTRS)
+        if any(found):
+            yield from module_dicts(module)
+        held = md.get("_parameters")
+        if held:
+            for param in held.values():
+                try:
+                    hooked = param is not None and any(read_tensor(param))
+                except AttributeError:  # not a tensor (a `_parameters` dict written by hand)
+                    hooked = True
+                if hooked:
+                    params.setdefault(id(param), param)
     for param in params.values():
         yield from tensor_dicts(param)
 

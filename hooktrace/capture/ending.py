@@ -50,15 +50,9 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
     and the hooks in the order PyTorch fires them (global dicts, each module's, the parameters').
     """
     final = Final()
-    for path, module in named:
-        final.paths[rec.key(module)] = path
-        if module is not model or roots.compiled_inner(model) is None:
-            final.modules.append(Module(path, type(module).__name__))
-        for pname, param in module.__dict__.get("_parameters", {}).items():
-            if param is not None and id(param) not in final.params:
-                final.params[id(param)] = (path, pname)
-    found = dicts.hook_dicts(model) if model is not None else dicts.hook_dicts_in([m for _, m in named])
-    for hd in found:
+    # `named` is the model's modules (roots.model_modules) or, with no model, the roots' (the same
+    # dicts `dicts.hook_dicts(model)` reads; a model that is no module has only the global ones)
+    for hd in dicts.hook_dicts_in([m for _, m in named]):
         _settle(book, hd.d, hd.kind, hd.owner, hd.scope, final, hd.tensor)
     for ref, _owner, scope in list(book.seen_dicts.values()):  # dicts outside the model now
         d = ref()
@@ -68,6 +62,20 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
                 book.unwrap(d)
             book.infer_prepends(d)
     final.deleted = book.deleted()
+    # names of the parameters some hook was on (hook_place): only those are looked for
+    tensors = (r.tensor_ref() for r in book.records.values() if r.tensor_ref is not None)
+    wanted = {id(t) for t in tensors if t is not None}
+    paths, params, key = final.paths, final.params, rec.key
+    wrapper = model if roots.compiled_inner(model) is not None else None
+    for path, module in named:
+        paths[key(module)] = path
+        if module is not wrapper:
+            final.modules.append(Module(path, type(module).__name__))
+        held = module.__dict__.get("_parameters") if wanted else None
+        if held:
+            for pname, param in held.items():
+                if id(param) in wanted and id(param) not in params:
+                    params[id(param)] = (path, pname)
     return final
 
 

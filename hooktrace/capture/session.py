@@ -386,20 +386,20 @@ class TraceSession:
 
     def _record_held(self, model: Any) -> None:
         """Record every hook the model and the global dicts hold now, and make their shims."""
+        modules: list[Any] = []
         if isinstance(model, torch.nn.Module):
+            paths, module_key = self._paths, self._rec.module_key
             for path, module in roots.model_modules(model):
-                self._paths[self._rec.key(module)] = path
-                self._rec.module_key(module)  # known now, so the module's first call does not add it
+                paths[module_key(module)] = path  # known now, so the module's first call does not add it
+                modules.append(module)
         book = self._book
-        for ddp in comm.ddp_modules(model):
+        for ddp in comm.ddp_modules_in(modules):
             for hook, _state in list(getattr(ddp, "_comm_hooks", ())):
                 self.comm_hook(ddp, hook, None)
             builtin = comm.builtin_hook(ddp)
             if builtin is not None:
                 book.untraceable(None, K.comm, ddp, f"{builtin} (built-in)")
-        for hd in dicts.hook_dicts(model):
-            if not hd.d:
-                continue
+        for hd in dicts.hook_dicts_in(modules):  # the dicts that hold hooks
             if hd.scope == TENSOR:
                 for hid in list(hd.d):
                     book.wrap_tensor_hook(hd.d, hid, hd.kind, hd.tensor)
