@@ -1,6 +1,6 @@
 """hooktrace: see the order in which PyTorch hooks really fire, and why.
 
-Public API (SPEC §3)::
+Public API (docs/contract.md)::
 
     import hooktrace
     with hooktrace.trace(model) as t:

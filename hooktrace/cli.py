@@ -1,4 +1,4 @@
-"""The `hooktrace` command line (SPEC §2): parse, call the library, choose the exit code.
+"""The `hooktrace` command line (docs/contract.md): parse, call the library, choose the exit code.
 
 Exit codes: 0 success; 1 the run raised or a diff/check found a difference (the partial trace is
 still rendered and written); 2 bad usage or input, reported as one `error: ...` line; 130 / 143 a run

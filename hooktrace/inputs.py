@@ -1,4 +1,4 @@
-"""What a factory returns -> a model ready to run: inputs, dtype, device, loss and optimizer (SPEC §2).
+"""What a factory returns -> a model ready to run: inputs, dtype, device, loss and optimizer (docs/contract.md, The factory).
 
 torch is imported inside the functions that need it, so `import hooktrace` stays light.
 """
@@ -42,7 +42,7 @@ class Target:
 
 
 def coerce_result(result: Any, label: str = "the factory") -> Target:
-    """Any return form of SPEC §2 -> Target(model, Inputs | None, loss, optimizer)."""
+    """Any return form of docs/contract.md -> Target(model, Inputs | None, loss, optimizer)."""
     from torch import nn
 
     if isinstance(result, Target):

@@ -1,4 +1,4 @@
-"""Every hook kind, scope, phase and event type of the trace format (SPEC §4, version 2), in one table.
+"""Every hook kind, scope, phase and event type of the trace format (docs/format.md, version 2), in one table.
 
 Capture, analysis and renderers read kinds from here instead of spelling them as strings: each row
 says where PyTorch keeps the kind's hooks, how they are registered and called, what a returned value

@@ -1,4 +1,4 @@
-"""The pytest plugin (SPEC §3b), installed with hooktrace (entry point `pytest11`): lock hook order in tests.
+"""The pytest plugin (docs/contract.md, In a test suite), installed with hooktrace (entry point `pytest11`): lock hook order in tests.
 
     def test_lora_order(hook_order):
         model = make_model()

@@ -1,4 +1,4 @@
-"""The trace data: what capture records and every renderer and analysis reads (SPEC §4).
+"""The trace data: what capture records and every renderer and analysis reads (docs/format.md).
 
 `Trace`, `Hook`, `Event`, `Module`, `Meta`, `Surprise`, `is_internal_error`: the data model alone.
 A document becomes a Trace through `validate` (the load-time checks); the bytes (JSON, gzip, the
@@ -22,13 +22,13 @@ from .kinds import ROOT as ROOT  # re-exported: the data model names the root so
 FORMAT = "hooktrace.trace"
 VERSION = 2  # what `save` and `to_dict` write
 READS = (1, 2)  # the versions `load` and `from_dict` read
-# Version 2 event columns that hold indices into a table: the SPEC's four, and `thread` (see README).
+# Version 2 event columns that hold indices into a table: the format's four, and `thread` (see README).
 INDEXED = ("type", "phase", "kind", "module", "thread")  # not a kind: column names
 SURPRISE_LEVELS = ("warn", "info")
 PREPEND_SOURCES = ("registration", "inferred")
 
 # PyTorch raises this inside a checkpoint recompute to stop it early, and catches it itself: recorded
-# on the module's `exit` event, it is not an error of the run (SPEC §2).
+# on the module's `exit` event, it is not an error of the run (docs/format.md, EVENT).
 PYTORCH_INTERNAL_ERRORS = ("_StopRecomputationError",)
 META_DEVICE = "meta"  # `meta.device` of a dry run: shapes, no values (`run --device meta`)
 
@@ -149,7 +149,7 @@ class Trace:
     """A complete trace: meta, module table, hooks, events and surprises.
 
     Events are kept as `Event` named tuples (compact, attribute access); everything else as
-    small dataclasses. `to_dict()` gives the version 2 document of SPEC §4.
+    small dataclasses. `to_dict()` gives the version 2 document of docs/format.md.
     """
 
     def __init__(
@@ -183,7 +183,7 @@ class Trace:
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The version 2 document of SPEC §4 (events as columns)."""
+        """The version 2 document of docs/format.md (events as columns)."""
         with gc_paused():
             events = to_columns(self.events, *self._columns())
             return {**self._head(), "events": events, "surprises": self._surprises()}

@@ -1,4 +1,4 @@
-"""What the `run`, `exec` and `ranks` commands do once parsed (SPEC §2, §2b): where the picture, the
+"""What the `run`, `exec` and `ranks` commands do once parsed (docs/contract.md): where the picture, the
 ranks' summary and the notes go once a run is over, and its exit code (a failure, the `--check`
 comparison, a stop signal); run a script and show its window's trace (on one rank, or rank 0 of
 many); launch N ranks, and say whether per-rank traces agree.

@@ -1,4 +1,4 @@
-"""TARGET string -> factory: import the file or module, find NAME in it (SPEC §2).
+"""TARGET string -> factory: import the file or module, find NAME in it (docs/contract.md, The factory).
 
 What the factory returns is turned into a runnable model by `hooktrace.inputs`. torch is not
 imported here, so a missing file or name is reported before torch loads.

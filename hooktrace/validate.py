@@ -1,4 +1,4 @@
-"""Load-time checks: a JSON document (SPEC §4, version 1 or 2) becomes a `Trace` only when every
+"""Load-time checks: a JSON document (docs/format.md, version 1 or 2) becomes a `Trace` only when every
 field has its type and allowed values and hooks, events and surprises refer to each other.
 
 `from_dict` and `load` are the only ways in; the bytes are `io`'s, the data model is `schema`'s.

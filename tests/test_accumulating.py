@@ -1,4 +1,4 @@
-"""Surprise rule `accumulating` (SPEC §4): a hook registered again in each step and never removed."""
+"""Surprise rule `accumulating` (docs/surprises.md): a hook registered again in each step and never removed."""
 
 from __future__ import annotations
 

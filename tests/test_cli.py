@@ -1,4 +1,4 @@
-"""The command line (SPEC §2): through typer's CliRunner and through the installed `hooktrace` script."""
+"""The command line (docs/contract.md): through typer's CliRunner and through the installed `hooktrace` script."""
 
 from __future__ import annotations
 

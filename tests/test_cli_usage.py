@@ -1,4 +1,4 @@
-"""Exit 2 with one `error:` line for every usage mistake, and how a failing run is named (SPEC §2)."""
+"""Exit 2 with one `error:` line for every usage mistake, and how a failing run is named (docs/contract.md, Exit codes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`hooktrace exec`: a user's script run as python runs it, traced inside a window of steps (SPEC §2b).
+"""`hooktrace exec`: a user's script run as python runs it, traced inside a window of steps (docs/contract.md, Scripts).
 
 Each script's hooks record themselves (tests/scripts/oracle_log.py): the traced order is compared
 with that record, restricted to the window's steps.

@@ -1,4 +1,4 @@
-"""`hooktrace exec` with the HTML report (SPEC §2b, §5), as users run it: a training script with an
+"""`hooktrace exec` with the HTML report (docs/contract.md, Scripts and Renderings), as users run it: a training script with an
 optimizer and an LR scheduler traced to `-o r.html`; `exec --nproc 2 -o r.html` (one page of every
 rank, the divergence marked); torchrun `-m hooktrace exec -o r.html` (each rank writes its trace,
 `hooktrace ranks` makes the page). The page's hook events are compared with the hooks' own record,

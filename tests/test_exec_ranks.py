@@ -1,5 +1,5 @@
 """Many ranks: `exec` under torchrun writes one trace per rank; `hooktrace ranks` compares them
-(SPEC §2b). The torchrun runs are real (gloo, DDP with a communication hook) and slow."""
+(docs/contract.md, Scripts). The torchrun runs are real (gloo, DDP with a communication hook) and slow."""
 
 from __future__ import annotations
 

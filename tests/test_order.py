@@ -1,4 +1,4 @@
-"""The `order` format (SPEC §5) and what reads it: its parser, `hooktrace.diff`, `assert_order`,
+"""The `order` format (docs/contract.md, Renderings) and what reads it: its parser, `hooktrace.diff`, `assert_order`,
 `--check GOLDEN.txt [-q]` and `diff` over order files."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hooks in torch.profiler traces (SPEC §3): under an active profiler, each traced hook call is a
+"""Hooks in torch.profiler traces (docs/contract.md, Python API): under an active profiler, each traced hook call is a
 `record_function` range `hook <kind> <name>`, nested where the hook ran; without a profiler no range
 is made; `run --profile PATH` writes the profiler's Chrome trace."""
 

@@ -1,4 +1,4 @@
-"""The pytest plugin (SPEC §3b), run by pytest's own `pytester` on small test projects: update, pass,
+"""The pytest plugin (docs/contract.md, In a test suite), run by pytest's own `pytester` on small test projects: update, pass,
 a changed order failing with a diff, a missing snapshot, parametrize ids as file names, xdist."""
 
 from __future__ import annotations

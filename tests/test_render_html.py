@@ -1,4 +1,4 @@
-"""The HTML report (SPEC §5 `html`): one self-contained page, its data, the CLI's ways to it, and the
+"""The HTML report (docs/contract.md, Renderings: `html`): one self-contained page, its data, the CLI's ways to it, and the
 page itself in a real headless Chromium (skipped when chromium, chromium-driver or selenium are
 absent): no console error, the tree collapses and expands, search filters, a surprise click
 highlights its events, hostile names stay text, diff and per-rank pages mark their differences,

@@ -1,4 +1,4 @@
-"""`hooktrace ranks FILES... -f html -o report.html` (SPEC §2b, §5): every rank in one page, a rank
+"""`hooktrace ranks FILES... -f html -o report.html` (docs/contract.md, Renderings): every rank in one page, a rank
 selector, the first divergence marked; names from user code and file names shown as text. The page
 is opened in headless Chromium (skipped when absent), also at a 1280-pixel-wide window, where the
 panes' labels must stay whole."""

@@ -135,7 +135,7 @@ def test_large_trace_renders_collapsed_in_linear_time() -> None:
 
 
 def leveled(rule: str, level: str, message: str, events: list[int]) -> Any:
-    """A surprise with a `level` (SPEC §4), whatever the schema's Surprise class holds yet."""
+    """A surprise with a `level` (docs/format.md), whatever the schema's Surprise class holds yet."""
     return SimpleNamespace(rule=rule, level=level, message=message, hooks=[], events=events)
 
 

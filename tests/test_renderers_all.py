@@ -218,7 +218,7 @@ def recompute_two_steps() -> Trace:
 
 
 def training_step() -> Trace:
-    """SPEC v2 kinds: a forward wrapper, saved-tensor pack/unpack, an AccumulateGrad node hook and a
+    """Version 2 kinds (docs/format.md): a forward wrapper, saved-tensor pack/unpack, an AccumulateGrad node hook and a
     post-accumulate-grad hook on fc.weight, optimizer step hooks (per optimizer and global)."""
     b = Builder(("fc", "Linear"))
     wrap = b.hook("forward_wrapper", "fc", "offload_forward")

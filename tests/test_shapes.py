@@ -1,4 +1,4 @@
-"""`--shapes` (SPEC §4's optional `shapes` column): what each hook received and returned.
+"""`--shapes` (docs/format.md's optional `shapes` column): what each hook received and returned.
 
 The oracle: every hook records the tensors it was given and what it returns (dtype, shape, device,
 or None, flattened in order), with the test's own names for dtypes; hooktrace's text for that call

@@ -33,7 +33,7 @@ def test_shim_passes_any_positional_call_through(kind: str, nargs: int) -> None:
 
 
 def test_returned_is_false_when_the_hook_hands_back_what_it_was_given() -> None:
-    """SPEC `returned`: something other than what PyTorch passed; the very object is no replacement."""
+    """docs/format.md `returned`: something other than what PyTorch passed; the very object is no replacement."""
     lin = torch.nn.Linear(2, 2)
     lin.register_forward_pre_hook(lambda m, args: args)
     lin.register_forward_pre_hook(lambda m, args: args[0])  # PyTorch wraps it: (x,) again

@@ -1,4 +1,4 @@
-"""Hook names, `defined_at` and registration sites, from real registrations (SPEC §4 HOOK fields)."""
+"""Hook names, `defined_at` and registration sites, from real registrations (docs/format.md, HOOK)."""
 
 from __future__ import annotations
 

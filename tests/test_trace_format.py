@@ -1,4 +1,4 @@
-"""Trace format (SPEC §4): version 2 written, versions 1 and 2 read, every field checked on load.
+"""Trace format (docs/format.md): version 2 written, versions 1 and 2 read, every field checked on load.
 (gzip, atomic writes and the kinds table: test_trace_files.py.)"""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_round_trip_writes_version_2_columns(tmp_path):
 
 
 def test_version_2_as_the_spec_writes_it_without_a_thread_table(tmp_path):
-    """A writer that follows SPEC §4 to the letter (raw thread idents, four tables) is read too."""
+    """A writer that follows docs/format.md to the letter (raw thread idents, four tables) is read too."""
     original = sample()
     data = original.to_dict()
     data["events"]["columns"]["thread"] = [e.thread for e in original.events]

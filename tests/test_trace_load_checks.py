@@ -165,7 +165,7 @@ BAD_SEQS = {
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize(("seqs", "words"), BAD_SEQS.values(), ids=list(BAD_SEQS))
 def test_negative_or_out_of_order_seqs_are_refused(tmp_path, version, seqs, words):
-    """SPEC: events are stored in the order they happened, seq counting from 0."""
+    """docs/format.md: events are stored in the order they happened, seq counting from 0."""
     t = sample()
     t.events = [e._replace(seq=s) for e, s in zip(sample().events, seqs)]
     t.surprises[0].events = []

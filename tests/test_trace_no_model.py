@@ -1,4 +1,4 @@
-"""`hooktrace.trace()` with no model: each outermost module call is a root (SPEC §2b, §3)."""
+"""`hooktrace.trace()` with no model: each outermost module call is a root (docs/contract.md, Scripts and Python API)."""
 
 from __future__ import annotations
 

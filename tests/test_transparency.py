@@ -1,4 +1,4 @@
-"""SPEC §3 Transparency: the same code run untraced and traced sees no difference.
+"""Transparency (docs/contract.md): the same code run untraced and traced sees no difference.
 
 Each scenario runs twice from the same seed, once plain and once inside `hooktrace.trace()`, and
 returns what its code observed (results, gradients, exceptions, what it found in the hook dicts by

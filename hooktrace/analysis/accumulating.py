@@ -1,4 +1,4 @@
-"""Surprise rule `accumulating` (SPEC §4): hooks of the same module, kind and code registered again in
+"""Surprise rule `accumulating` (docs/surprises.md): hooks of the same module, kind and code registered again in
 each step and never removed, so their number grows from step to step (a leak; each call runs them
 all). Typical: `register_forward_hook` inside the training loop, or inside `forward`.
 

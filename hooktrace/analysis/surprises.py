@@ -1,4 +1,4 @@
-"""Surprise rules (SPEC §4): pure functions of a Trace that explain orders people do not expect.
+"""Surprise rules (docs/surprises.md): pure functions of a Trace that explain orders people do not expect.
 
 A surprise claims only what the trace proves. Each has a level: `warn` when it changes the order or
 the values a user's own hooks see, `info` for the rest (a library's own hooks, state-dict hooks
@@ -423,7 +423,7 @@ RULES: dict[str, Callable[[Trace], list[Surprise]]] = {
     "registered-during-run": registered_during_run,
     "output-hook-before-backward-pre": output_hook_before_backward_pre,
     "accumulating": accumulating,
-    "forward-wrapper": forward_wrapper,  # beyond SPEC §4's table: a whole training step's rules
+    "forward-wrapper": forward_wrapper,  # hooktrace's additions (docs/surprises.md): a whole training step's rules
     "step-in-grad-hook": step_in_grad_hook,
 }
 
@@ -431,7 +431,7 @@ RULES: dict[str, Callable[[Trace], list[Surprise]]] = {
 def find_surprises(
     trace: Trace, deleted: Collection[int] = frozenset(), compiled_calls: Optional[Windows] = None
 ) -> list[Surprise]:
-    """Every rule over the trace, in the order of SPEC §4's table, then `compiled`. The capture's
+    """Every rule over the trace, in the order of docs/surprises.md's table, then `compiled`. The capture's
     facts, when known: `deleted`, ids of hooks their own code took out of their dict again
     (remove_spectral_norm): they are no never-fired; `compiled_calls`, the module calls that ran
     compiled (capture/build.py `compiled_windows`)."""

@@ -87,7 +87,7 @@ def _raw_to_event_seqs(pending: Pending) -> dict[int, int]:
 
 
 def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
-    """Compact records -> SPEC events, in `seq` order, renumbered 0.. without gaps.
+    """Compact records -> the format's events, in `seq` order, renumbered 0.. without gaps.
 
     A forward-kind hook takes the phase of the innermost module call open on its thread (it runs
     inside that call's `_call_impl`): `recompute` when that call started during backward.

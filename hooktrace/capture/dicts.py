@@ -142,7 +142,7 @@ def module_flags(owner: Any, kind: str, hook_id: int) -> tuple[bool, bool]:
 
 
 def inferred_prepends(keys: list[int]) -> set[int]:
-    """Handle ids only grow, so a hook standing before a smaller id was prepended (SPEC §4)."""
+    """Handle ids only grow, so a hook standing before a smaller id was prepended (docs/format.md)."""
     found: set[int] = set()
     smallest_after: Optional[int] = None
     for key in reversed(keys):

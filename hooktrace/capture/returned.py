@@ -1,4 +1,4 @@
-"""`returned` (SPEC §4): did a hook return a value that PyTorch uses in place of what it passed?
+"""`returned` (docs/format.md): did a hook return a value that PyTorch uses in place of what it passed?
 
 Not when it returns None, and not when it hands back the very object it was given: one test per
 kind, on that object (the shims call `SAME[kind](result, *arguments)`).

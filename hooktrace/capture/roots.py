@@ -1,4 +1,4 @@
-"""Naming modules when no model is given (SPEC §2b, §3): each outermost module call is a root.
+"""Naming modules when no model is given (docs/contract.md, Scripts): each outermost module call is a root.
 
 A module call is outermost when no other module call is open on its thread. Roots are taken in the
 order of their first outermost call; a module already inside an earlier root (a checkpointed block

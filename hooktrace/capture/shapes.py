@@ -1,4 +1,4 @@
-"""`--shapes`: a short text of what a hook received and returned (SPEC §4's optional `shapes` column).
+"""`--shapes`: a short text of what a hook received and returned (docs/format.md's optional `shapes` column).
 
 A hook's arguments are described one by one, joined by ", ", the module or optimizer PyTorch passes
 first left out; then ` -> ` and what it returned, when it returned something (None is left out):

@@ -1,4 +1,4 @@
-"""Names and source locations of hook callables and of the code that registered them (SPEC §4)."""
+"""Names and source locations of hook callables and of the code that registered them (docs/format.md)."""
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ def defined_at(fn: Any) -> Optional[str]:
 # A `forward` set on a module instance is the user's (or a library's) own code standing in for the
 # class's forward: `functools.wraps` gives it the wrapped method's `__qualname__` and `__wrapped__`,
 # which would name it `Linear.forward` at torch/nn/modules/linear.py. For this kind the wrapper's
-# own code wins over SPEC's "follow __wrapped__" (which is for decorated hooks, whose wrapped
+# own code wins over docs/format.md's "follow __wrapped__" (which is for decorated hooks, whose wrapped
 # function is the user's): the name is its code's, then what it wraps (`my_wrapper → Linear.forward`).
 
 

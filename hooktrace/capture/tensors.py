@@ -1,4 +1,4 @@
-"""Naming tensor hooks: "<module>.<param>", "output of P", "input of P", "tensor in P" (SPEC §4)."""
+"""Naming tensor hooks: "<module>.<param>", "output of P", "input of P", "tensor in P" (docs/format.md)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def hook_place(
     paths: dict[int, str],
     params: dict[int, tuple[str, str]],
 ) -> tuple[Optional[str], Optional[str]]:
-    """The hook's `module` and `tensor` fields (SPEC §4)."""
+    """The hook's `module` and `tensor` fields (docs/format.md)."""
     module = paths.get(owner[0]) if owner is not None else None
     if scope not in (TENSOR, NODE):
         return module, None

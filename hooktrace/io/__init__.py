@@ -1,4 +1,4 @@
-"""The bytes of hooktrace: trace documents (SPEC §4) to and from JSON files, bounded gzip, and
+"""The bytes of hooktrace: trace documents (docs/format.md) to and from JSON files, bounded gzip, and
 atomic file writes; version 2's column layout is `io.columns`.
 
 Nothing else in hooktrace encodes or decodes a trace or replaces a file. This package knows the

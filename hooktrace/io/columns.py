@@ -1,4 +1,4 @@
-"""Version 2's column layout (SPEC §4): rows of events to columns and tables and back, and the
+"""Version 2's column layout (docs/format.md): rows of events to columns and tables and back, and the
 checks that look at a whole column at C speed. The bytes are `io`'s; what the values mean, `validate`'s.
 """
 
@@ -151,7 +151,7 @@ def from_columns(
     optional: Sequence[str] = ()) -> tuple[list[Optional[list[Any]]], dict[str, Any]]:  # fmt: skip
     """The columns of a `to_columns` document in `fields` order (None for a column in `optional` that
     it does not have; the table of one it has is required), and the tables named, after checking the
-    layout: every column a list of `count` values. Other columns and tables are ignored (SPEC §4).
+    layout: every column a list of `count` values. Other columns and tables are ignored (docs/format.md).
     The values, and the indices in the columns that have a table, are the caller's to check."""
     if not isinstance(data, dict) or set(data) != {"count", "columns", "tables"}:
         raise TraceFormatError('"events" must be an object with the keys "count", "columns" and "tables"')

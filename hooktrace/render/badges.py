@@ -1,7 +1,7 @@
 """The words every rendering uses: badges, phase titles, times and locations, from one table.
 
 The tree, DOT/SVG, Chrome and the notebook all call these, so a hook flagged `prepend` reads the
-same everywhere (SPEC §5), and every word is passed through `safe_text` where it may come from user
+same everywhere (docs/contract.md, Renderings), and every word is passed through `safe_text` where it may come from user
 code or a file. No rich, no graphviz here.
 """
 
@@ -19,7 +19,7 @@ from .safe import safe_text
 DRY_RUN_NOTE = "dry run on meta: shapes only, no values; times are not compute times"
 
 # badge -> the word shown. The flags' own names (PyTorch's register_* arguments), so a user can
-# search for them; `prepend` and `global` are SPEC words.
+# search for them; `prepend` and `global` are the contract's words.
 BADGES = {
     "prepend": "prepend",
     "prepend_inferred": "prepend (inferred)",

@@ -1,4 +1,4 @@
-"""The `order` format (SPEC §5): one line per hook call, for golden files and code review; and its parser.
+"""The `order` format (docs/contract.md, Renderings): one line per hook call, for golden files and code review; and its parser.
 
     # hooktrace order 1: step phase module kind hook [#occurrence] [on tensor] [of module] [badges]
 
