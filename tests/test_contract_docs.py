@@ -164,12 +164,15 @@ def test_hook_and_event_fields_are_the_schemas() -> None:
 
 
 def emitted_rules() -> set[str]:
-    """Every rule name a `Surprise(...)` in hooktrace/analysis is built with (positional or `rule=`)."""
+    """Every rule name a `Surprise(...)` in hooktrace/analysis is built with (positional or `rule=`); a
+    copy of another surprise (`Surprise(s.rule, ...)`) adds none."""
     names: set[str] = set()
     for path in (ROOT / "hooktrace" / "analysis").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Surprise":
                 args = [kw.value for kw in node.keywords if kw.arg == "rule"] or node.args[:1]
+                if args and isinstance(args[0], ast.Attribute) and args[0].attr == "rule":
+                    continue  # a copy of a surprise made elsewhere (analysis/hiding.py), its rule kept
                 assert args and isinstance(args[0], ast.Constant), f"{path.name}: a rule name not spelled out"
                 names.add(args[0].value)
     return names
