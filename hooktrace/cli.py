@@ -18,19 +18,7 @@ import typer
 
 from . import script_commands as sc
 from .compare import load_side_file, load_trace_file, print_comparison, safe_lines
-from .options import (
-    PHASE_CHOICES,
-    ROOT_LABEL,
-    STEP_OPTIMIZER,
-    Output,
-    RunOptions,
-    UsageError,
-    View,
-    check_format,
-    cli_option,
-    exec_option,
-    grouped,
-)
+from .options import Output, RunOptions, UsageError, View, check_format, grouped, option
 from .outputs import console as _console
 from .outputs import emit_page as _emit
 from .outputs import output as _output
@@ -69,74 +57,13 @@ def _hooktrace(
     """See the order in which PyTorch module, global and tensor hooks really fire, and why."""
 
 
-# -- shared options -------------------------------------------------------------------------------
-TARGET_ARG = typer.Argument(
-    ...,
-    metavar="TARGET",
-    help="FILE.py:NAME or package.module:NAME (NAME defaults to make). The file is imported, "
-    "so its top-level code runs; NAME is then called inside the capture.",
-)
-FORMAT_OPT = typer.Option(
-    None,
-    "--format",
-    "-f",
-    metavar="FORMAT",
-    help="tree|json|dot|svg|chrome|order|html; default: from the -o extension, else tree.",
-)
-PAGE_FORMAT_OPT = typer.Option(
-    None, "--format", "-f", metavar="FORMAT", help="text (default) or html: one page, differences marked."
-)
-OUTPUT_OPT = typer.Option(
-    None, "--output", "-o", metavar="PATH", help="Write to this file instead of the terminal."
-)
-DEPTH_OPT = typer.Option(
-    None, "--depth", metavar="N", min=0, help="Tree: show module calls nested at most this deep."
-)
-MODULE_OPT = typer.Option(
-    None,
-    "--module",
-    metavar="PATH",
-    help=f'Tree: only this module path and what runs inside it ("{ROOT_LABEL}" is the root).',
-)
-PHASE_OPT = typer.Option(None, "--phase", metavar="PHASE", help=f"Tree: only {'|'.join(PHASE_CHOICES)}.")
-EXPAND_OPT = typer.Option(False, "--expand", help="Tree: do not collapse repeated identical siblings.")
-ALL_SURPRISES_OPT = typer.Option(
-    False, "--all-surprises", help="Tree: show info-level surprises too, not only their count."
-)
-CHECK_OPT = typer.Option(
-    None,
-    "--check",
-    metavar="GOLDEN.json|GOLDEN.txt",
-    help="Exit 1 unless the order equals this saved trace or order file.",
-)
-QUIET_OPT = typer.Option(
-    False, "--quiet", "-q", help="With --check: print only the differences (nothing when equal)."
-)
-PROFILE_OPT = typer.Option(
-    None,
-    "--profile",
-    metavar="PATH",
-    help="Also run under torch.profiler and write its Chrome trace here (hooks as ranges).",
-)
-HIDE_LIBRARY_OPT = typer.Option(
-    False,
-    "--hide-library",
-    help="Leave out hooks whose code is in torch or an installed package (counted as hidden); "
-    "not from the trace file.",
-)
-HIDE_OPT = typer.Option(
-    None,
-    "--hide",
-    metavar="GLOB",
-    help="Leave out hooks whose name or defining file matches GLOB (repeatable); not from the trace file.",
-)
-TRACEBACK_OPT = typer.Option(False, "--traceback", help="Show the Python traceback of an error.")
+def opt(name: str) -> Any:
+    """A command's typer parameter, from the option table's row `name` (options.OPTIONS)."""
+    return option(name, FORMATS)
+
+
 # the View and Output groups' options (options.grouped): one declaration for run, exec and render
-grouped_options = grouped(
-    dict(format=FORMAT_OPT, output=OUTPUT_OPT, check=CHECK_OPT, quiet=QUIET_OPT, depth=DEPTH_OPT,
-         module=MODULE_OPT, phase=PHASE_OPT, expand=EXPAND_OPT, all_surprises=ALL_SURPRISES_OPT,
-         hide_library=HIDE_LIBRARY_OPT, hide=HIDE_OPT)
-)  # fmt: skip
+grouped_options = grouped(FORMATS)
 
 
 def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
@@ -156,26 +83,22 @@ def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
 @app.command()
 @grouped_options
 def run(
-    target: str = TARGET_ARG,
-    input: List[str] = cli_option("input_shapes", []),
-    dtype: Optional[str] = cli_option("dtype"),
-    device: Optional[str] = cli_option("device"),
-    no_backward: bool = cli_option("backward", False),  # not a kind: an option
-    steps: int = cli_option("steps", 1, min=1),
-    warmup: int = cli_option("warmup", 0, min=0),
-    optimizer: Optional[str] = cli_option("optimizer"),  # not a kind: an option
-    shapes: bool = cli_option("shapes", False),
+    target: str = opt("target"),
+    input: List[str] = opt("input_shapes"),
+    dtype: Optional[str] = opt("dtype"),
+    device: Optional[str] = opt("device"),
+    no_backward: bool = opt("backward"),  # not a kind: an option
+    steps: int = opt("steps"),
+    warmup: int = opt("warmup"),
+    optimizer: Optional[str] = opt("optimizer"),  # not a kind: an option
+    shapes: bool = opt("shapes"),
     out: Output = Output(),
-    nproc: Optional[int] = typer.Option(
-        None, "--nproc", metavar="N", min=1, help="Ranks to launch (one trace each)."
-    ),
-    rank: Optional[int] = typer.Option(
-        None, "--rank", metavar="R", min=0, help="With --nproc: the rank to show."
-    ),
-    timeout: Optional[float] = cli_option("timeout", None),
+    nproc: Optional[int] = opt("nproc"),
+    rank: Optional[int] = opt("rank"),
+    timeout: Optional[float] = opt("timeout"),
     shown: View = View(),
-    profile: Optional[Path] = PROFILE_OPT,
-    traceback: bool = TRACEBACK_OPT,
+    profile: Optional[Path] = opt("profile"),
+    traceback: bool = opt("traceback"),
 ) -> None:
     """Load TARGET, run forward and backward under the tracer, and show the order hooks fired."""
     try:
@@ -221,9 +144,9 @@ def run(
 
 @app.command()
 def hooks(
-    target: str = TARGET_ARG,
-    expand: bool = typer.Option(False, "--expand", help="List every module; do not fold repeats."),
-    traceback: bool = TRACEBACK_OPT,
+    target: str = opt("target"),
+    expand: bool = opt("list_expand"),
+    traceback: bool = opt("traceback"),
 ) -> None:
     """Registered hooks per module, in the order PyTorch will fire them; nothing runs."""
     try:
@@ -244,11 +167,11 @@ def hooks(
 @app.command()
 @grouped_options
 def render(
-    trace_file: Path = typer.Argument(..., metavar="TRACE.json", help="A trace written by hooktrace run -o."),
-    format: Optional[str] = FORMAT_OPT,
-    output: Optional[Path] = OUTPUT_OPT,
+    trace_file: Path = opt("trace_file"),
+    format: Optional[str] = opt("format"),
+    output: Optional[Path] = opt("output"),
     shown: View = View(),
-    traceback: bool = TRACEBACK_OPT,
+    traceback: bool = opt("traceback"),
 ) -> None:
     """Render a saved trace: the same picture as the run that made it."""
     try:
@@ -261,14 +184,12 @@ def render(
 
 @app.command()
 def diff(
-    a: Path = typer.Argument(..., metavar="A", help="The expected order: a saved trace or an order file."),
-    b: Path = typer.Argument(..., metavar="B", help="The order to compare with it (the same kinds of file)."),
-    quiet: bool = typer.Option(
-        False, "--quiet", "-q", help="Print only the differences (nothing when equal)."
-    ),
-    format: Optional[str] = PAGE_FORMAT_OPT,
-    output: Optional[Path] = OUTPUT_OPT,
-    traceback: bool = TRACEBACK_OPT,
+    a: Path = opt("diff_a"),
+    b: Path = opt("diff_b"),
+    quiet: bool = opt("diff_quiet"),
+    format: Optional[str] = opt("page_format"),
+    output: Optional[Path] = opt("output"),
+    traceback: bool = opt("traceback"),
 ) -> None:
     """Ordering differences between two saved traces or order files; exit 1 when they differ."""
     try:
@@ -301,25 +222,17 @@ def _command_path(group: Any, args: List[str], ctx: Any) -> str:
 @app.command(name="exec", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
 @grouped_options
 def exec_(
-    script: Optional[List[str]] = typer.Argument(
-        None,
-        metavar="SCRIPT.py [ARGS]...",
-        help="The script and its arguments, as for python; everything after SCRIPT is the script's.",
-    ),
-    as_module: bool = typer.Option(
-        False, "-m", help="Run the first argument as a module, as python -m MODULE [ARGS]... does."
-    ),
-    start: int = exec_option("start", 0, min=0),
-    steps: int = exec_option("steps", 1, min=1),
-    step_on: str = exec_option("step_on", STEP_OPTIMIZER),
-    keep_running: bool = exec_option("keep_running", False),
-    shapes: bool = cli_option("shapes", False),
-    nproc: Optional[int] = typer.Option(
-        None, "--nproc", metavar="N", min=1, help="Ranks to launch through PyTorch's elastic launcher."
-    ),
+    script: Optional[List[str]] = opt("script"),
+    as_module: bool = opt("as_module"),
+    start: int = opt("start"),
+    steps: int = opt("exec_steps"),
+    step_on: str = opt("step_on"),
+    keep_running: bool = opt("keep_running"),
+    shapes: bool = opt("shapes"),
+    nproc: Optional[int] = opt("nproc"),
     out: Output = Output(),
     shown: View = View(),
-    traceback: bool = TRACEBACK_OPT,
+    traceback: bool = opt("traceback"),
 ) -> None:
     """Run SCRIPT.py (or -m MODULE) as python would; trace the hooks of a window of its steps."""
     try:
@@ -336,10 +249,10 @@ def exec_(
 
 @app.command()
 def ranks(
-    files: List[Path] = typer.Argument(..., metavar="TRACE.rank0.json ...", help="One trace per rank."),
-    format: Optional[str] = PAGE_FORMAT_OPT,
-    output: Optional[Path] = OUTPUT_OPT,
-    traceback: bool = TRACEBACK_OPT,
+    files: List[Path] = opt("rank_files"),
+    format: Optional[str] = opt("page_format"),
+    output: Optional[Path] = opt("output"),
+    traceback: bool = opt("traceback"),
 ) -> None:
     """Do the ranks' hook orders agree? Per-rank traces from any nodes (exec under torchrun, run --nproc)."""
     try:

@@ -1,11 +1,10 @@
-"""Run options, declared once: the `run` command's flags and what rank workers get come from here;
-and the view and output options that `run`, `exec` and `render` share (`View`, `Output`, `grouped`,
-`module_path`).
+"""Every option of every command, declared once: the option table (`OPTIONS`, one `Flag` per row),
+from which `cli.py` builds each command's typer parameters (`option(name)`); and the values they
+make: `RunOptions` (one run: `run`, and each rank of `run --nproc`), the view and output groups
+that `run`, `exec` and `render` share (`View`, `Output`, `grouped`), and the checks of their values.
 
-`RunOptions` holds every option of one run (one process, or each rank of `--nproc`). `check()`
-validates them without importing torch, so a bad value fails before the (slow) factory runs.
-`cli_option(name)` gives the
-typer declaration of a flag; rank workers receive the same `RunOptions` as JSON of its fields.
+`RunOptions.check()` validates without importing torch, so a bad value fails before the (slow)
+factory runs; rank workers receive the same `RunOptions` as JSON of its fields.
 """
 
 from __future__ import annotations
@@ -27,8 +26,6 @@ DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "lo
 OPTIMIZERS = ("sgd", "adam", "adamw")
 PHASE_CHOICES = PHASES
 ROOT_LABEL = ROOT  # how the tree shows the root module; `--module "<root>"` selects it
-VIEW_FLAGS = {"depth": "--depth", "module": "--module", "phase": "--phase", "expand": "--expand",
-              "all_surprises": "--all-surprises", "hide_library": "--hide-library", "hide": "--hide"}  # fmt: skip
 HIDING = ("hide_library", "hide")  # View's options that leave hooks out of every rendering but the trace file
 _DEVICE = re.compile(r"(cpu|auto|meta|cuda(:\d+)?)")
 # Bounds of the numbers a run takes. A trace keeps every event in memory (benchmarks/README.md has
@@ -46,19 +43,44 @@ class UsageError(Exception):
     """Bad usage or input (exit code 2): the message says what to do."""
 
 
+# `exec --step-on`: what ends a step (capture/steps.py StepWatch). Option values, not kinds or phases.
+STEP_OPTIMIZER = "optimizer"  # not a kind
+STEP_BACKWARD = "backward"  # not a kind
+STEP_FORWARD = "forward"  # not a kind
+STEP_ON = (STEP_OPTIMIZER, STEP_BACKWARD, STEP_FORWARD)
+FORMATS_PLACEHOLDER = "{formats}"  # in a help text: the renderer registry's names, filled in by cli.py
+
+
 @dataclass(frozen=True)
 class Flag:
-    """How one RunOptions field is spelled on the command line."""
+    """One option or argument of the command line, declared once: its spellings, help and value."""
 
-    names: tuple[str, ...]  # "--input", "-i"
+    names: tuple[str, ...]  # "--input", "-i"; empty for an argument
     help: str
     metavar: Optional[str] = None
+    default: Any = None
+    bounds: tuple[Optional[float], Optional[float]] = (None, None)  # typer's min / max
+    argument: bool = False  # a positional argument (`default` ... when it is required)
 
 
-FLAGS: dict[str, Flag] = {
-    "input_shapes": Flag(
-        ("--input", "-i"), "Input shape like 8x3x32x32, once per positional argument.", "SHAPE"
-    ),
+# THE option table: every option and argument of every command (`cli.py` builds each typer
+# parameter from its row with `option(name)`; docs/reference.md's option table is checked against
+# it by tests/test_options.py). Keys of RunOptions / ExecOptions fields are the fields' names.
+OPTIONS: dict[str, Flag] = {
+    # -- what `run` and `hooks` load, `render`, `diff`, `ranks` read, `exec` runs
+    "target": Flag((), "FILE.py:NAME or package.module:NAME (NAME defaults to make). The file is imported, "
+                   "so its top-level code runs; NAME is then called inside the capture.", "TARGET", ..., argument=True),
+    "trace_file": Flag((), "A trace written by hooktrace run -o.", "TRACE.json", ..., argument=True),
+    "diff_a": Flag((), "The expected order: a saved trace or an order file.", "A", ..., argument=True),
+    "diff_b": Flag((), "The order to compare with it (the same kinds of file).", "B", ..., argument=True),
+    "rank_files": Flag((), "One trace per rank.", "TRACE.rank0.json ...", ..., argument=True),
+    "script": Flag((), "The script and its arguments, as for python; everything after SCRIPT is the "
+                   "script's (hooktrace's options go before it).", "SCRIPT.py [ARGS]...", None, argument=True),
+    "as_module": Flag(("-m",), "Run the first argument as a module, as python -m MODULE [ARGS]... does.",
+                      default=False),
+    # -- one run (RunOptions)
+    "input_shapes": Flag(("--input", "-i"), "Input shape like 8x3x32x32, once per positional argument.",
+                         "SHAPE", default=[]),
     "dtype": Flag(("--dtype",), "dtype of --input tensors (default: the model's).", "DTYPE"),
     "device": Flag(
         ("--device",),
@@ -66,14 +88,16 @@ FLAGS: dict[str, Flag] = {
         "default: inputs follow the model.",
         "cpu|cuda|auto|meta",
     ),
-    "backward": Flag(("--no-backward",), "Run forward only."),
-    "steps": Flag(("--steps",), "Iterations of forward, backward (and optimizer step).", "N"),
+    "backward": Flag(("--no-backward",), "Run forward only.", default=False),
+    "steps": Flag(("--steps",), "Iterations of forward, backward (and optimizer step).", "N", 1, (1, None)),
     "warmup": Flag(
         ("--warmup",),
         "Steps to run untraced before the traced ones (default 0): their first-call work stays out "
         "of the times; hooks registered meanwhile are still in the trace. Steps are numbered from 0 "
         "after them.",
         "N",
+        0,
+        (0, None),
     ),
     "optimizer": Flag(
         ("--optimizer",),
@@ -85,49 +109,101 @@ FLAGS: dict[str, Flag] = {
         ("--shapes",),
         "Also record the shapes, dtypes and devices of the tensors each hook received and returned "
         "(tree, HTML details, JSON); off by default.",
+        default=False,
     ),
+    # -- ranks (run --nproc, exec --nproc)
+    "nproc": Flag(("--nproc",), "Ranks to launch (one trace each).", "N", None, (1, None)),
+    "rank": Flag(("--rank",), "With --nproc: the rank to show.", "R", None, (0, None)),
     "timeout": Flag(
         ("--timeout",),
         "With --nproc: seconds a rank may outlive another rank, or go without progress, before it "
         "is stopped and reported as hung (default 60; more than 0).",
         "SECONDS",
     ),
-}
-
-
-# `exec --step-on`: what ends a step (capture/steps.py StepWatch). Option values, not kinds or phases.
-STEP_OPTIMIZER = "optimizer"  # not a kind
-STEP_BACKWARD = "backward"  # not a kind
-STEP_FORWARD = "forward"  # not a kind
-STEP_ON = (STEP_OPTIMIZER, STEP_BACKWARD, STEP_FORWARD)
-
-# `hooktrace exec`'s window (runs/script.py ExecOptions), declared here with the other flags.
-EXEC_FLAGS: dict[str, Flag] = {
+    # -- `exec`'s window (runs/script.py ExecOptions)
     # `-s`: under torchrun, whose parser takes `--start` for an abbreviation of its `--start-method`
     "start": Flag(
         ("--start", "-s"),
         "Steps to run untraced before the window opens, as run --warmup (-s under torchrun).",
         "K",
+        0,
+        (0, None),
     ),
-    "steps": Flag(("--steps",), "Steps traced in the window.", "N"),
+    "exec_steps": Flag(("--steps",), "Steps traced in the window.", "N", 1, (1, None)),
     "step_on": Flag(
         ("--step-on",),
         f"What ends a step: each optimizer.step() of any optimizer ({STEP_OPTIMIZER}), each outermost "
         f"backward() ({STEP_BACKWARD}), or each outermost module call ({STEP_FORWARD}).",
         "|".join(STEP_ON),
+        STEP_OPTIMIZER,
     ),
     "keep_running": Flag(
-        ("--keep-running",), "After the window, let the script run on untraced instead of stopping it."
+        ("--keep-running",),
+        "After the window, let the script run on untraced instead of stopping it.",
+        default=False,
     ),
+    # -- output (Output)
+    "format": Flag(
+        ("--format", "-f"),
+        f"{FORMATS_PLACEHOLDER}; default: from the -o extension, else tree.",
+        "FORMAT",
+    ),
+    "page_format": Flag(("--format", "-f"), "text (default) or html: one page, differences marked.", "FORMAT"),
+    "output": Flag(("--output", "-o"), "Write to this file instead of the terminal.", "PATH"),
+    "check": Flag(
+        ("--check",), "Exit 1 unless the order equals this saved trace or order file.", "GOLDEN.json|GOLDEN.txt"
+    ),
+    "quiet": Flag(("--quiet", "-q"), "With --check: print only the differences (nothing when equal).",
+                  default=False),
+    "diff_quiet": Flag(("--quiet", "-q"), "Print only the differences (nothing when equal).", default=False),
+    "profile": Flag(
+        ("--profile",),
+        "Also run under torch.profiler and write its Chrome trace here (hooks as ranges).",
+        "PATH",
+    ),
+    # -- the tree's view (View)
+    "depth": Flag(("--depth",), "Tree: show module calls nested at most this deep.", "N", None, (0, None)),
+    "module": Flag(
+        ("--module",),
+        f'Tree: only this module path and what runs inside it ("{ROOT}" is the root).',
+        "PATH",
+    ),
+    "phase": Flag(("--phase",), f"Tree: only {'|'.join(PHASES)}.", "PHASE"),
+    "expand": Flag(("--expand",), "Tree: do not collapse repeated identical siblings.", default=False),
+    "list_expand": Flag(("--expand",), "List every module; do not fold repeats.", default=False),
+    "all_surprises": Flag(
+        ("--all-surprises",), "Tree: show info-level surprises too, not only their count.", default=False
+    ),
+    "hide_library": Flag(
+        ("--hide-library",),
+        "Leave out hooks whose code is in torch or an installed package (counted as hidden); "
+        "not from the trace file.",
+        default=False,
+    ),
+    "hide": Flag(
+        ("--hide",),
+        "Leave out hooks whose name or defining file matches GLOB (repeatable); not from the trace file.",
+        "GLOB",
+    ),
+    # -- every command
+    "traceback": Flag(("--traceback",), "Show the Python traceback of an error.", default=False),
+}  # fmt: skip
+VIEW_FLAGS = {
+    name: OPTIONS[name].names[0]
+    for name in ("depth", "module", "phase", "expand", "all_surprises", "hide_library", "hide")
 }
 
 
-def exec_option(name: str, default: Any = None, **typer_args: Any) -> Any:
-    """The typer declaration of an `exec` window flag."""
+def option(name: str, formats: tuple[str, ...] = ()) -> Any:
+    """The typer parameter of the option table's row `name`; `formats` fills the help's format list."""
     import typer
 
-    flag = EXEC_FLAGS[name]
-    return typer.Option(default, *flag.names, metavar=flag.metavar, help=flag.help, **typer_args)
+    flag = OPTIONS[name]
+    text = flag.help.replace(FORMATS_PLACEHOLDER, "|".join(formats))
+    low, high = flag.bounds
+    if flag.argument:
+        return typer.Argument(flag.default, metavar=flag.metavar, help=text)
+    return typer.Option(flag.default, *flag.names, metavar=flag.metavar, help=text, min=low, max=high)
 
 
 @dataclass(frozen=True)
@@ -209,14 +285,6 @@ def check_nproc(nproc: int) -> int:
     return nproc
 
 
-def cli_option(name: str, default: Any = None, **typer_args: Any) -> Any:
-    """The typer declaration of a RunOptions flag (`--no-backward` is typer's bool flag)."""
-    import typer
-
-    flag = FLAGS[name]
-    return typer.Option(default, *flag.names, metavar=flag.metavar, help=flag.help, **typer_args)
-
-
 # -- view and output options (run, exec, render), declared once -------------------------------------
 
 
@@ -270,9 +338,9 @@ def check_format(fmt: Optional[str], formats: tuple[str, ...]) -> None:
 GROUPS = (View, Output)
 
 
-def grouped(declared: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def grouped(formats: tuple[str, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A decorator for typer commands: each parameter annotated `View` or `Output` stands for the
-    group's fields, declared as typer options (`declared[field name]`) in its place (so `--help`
+    group's fields, declared from the option table (`option(field name)`) in its place (so `--help`
     keeps their order); the command is called with one value of the group."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -286,7 +354,8 @@ def grouped(declared: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable
             groups[param.name] = param.annotation
             hints = get_type_hints(param.annotation)
             for f in fields(param.annotation):
-                params.append(param.replace(name=f.name, annotation=hints[f.name], default=declared[f.name]))
+                declared = option(f.name, formats)
+                params.append(param.replace(name=f.name, annotation=hints[f.name], default=declared))
 
         @functools.wraps(command)
         def run_command(**given: Any) -> Any:

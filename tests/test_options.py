@@ -10,7 +10,7 @@ import pytest
 import typer.main
 
 from hooktrace.cli import app
-from hooktrace.options import FLAGS, RunOptions, UsageError, module_path, view_options
+from hooktrace.options import OPTIONS, RunOptions, UsageError, module_path, view_options
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
@@ -36,14 +36,14 @@ def test_options_reach_a_rank_worker_unchanged(options: RunOptions) -> None:
 
 
 def test_every_field_has_a_flag() -> None:
-    assert {f.name for f in dataclasses.fields(RunOptions)} == set(FLAGS)
+    assert {f.name for f in dataclasses.fields(RunOptions)} <= set(OPTIONS)
 
 
 def test_the_run_command_declares_the_same_flags() -> None:
     command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
     declared = {opt for p in command.params for opt in p.opts}
-    for flag in FLAGS.values():
-        assert set(flag.names) <= declared, flag.names
+    for field in dataclasses.fields(RunOptions):
+        assert set(OPTIONS[field.name].names) <= declared, field.name
 
 
 @pytest.mark.parametrize(
@@ -139,3 +139,55 @@ def test_the_bounds_themselves_are_accepted() -> None:
     assert check_nproc(max_nproc()) == max_nproc() and 8 <= max_nproc() <= 1024
     with pytest.raises(UsageError):
         check_nproc(max_nproc() + 1)
+
+
+# -- docs/reference.md's option table: checked against the commands built from the option table --
+
+REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
+BEGIN, END = "<!-- option table: begin", "<!-- option table: end -->"
+
+
+def option_table() -> str:
+    """Every option of every command, as the commands declare them (from options.OPTIONS): one row
+    per option, the commands that take it, its help."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        for param in command.params:
+            if param.param_type_name != "option" or param.name == "help":
+                continue
+            names = ", ".join(f"`{o}`" for o in (*param.opts, *param.secondary_opts))
+            if param.metavar and not param.is_flag:
+                names += f" `{param.metavar}`"
+            names = names.replace("|", "\\|")
+            help_text = " ".join((param.help or "").split()).replace("|", "\\|")
+            rows.setdefault((names, help_text), []).append(name)
+    lines = ["| option | commands | what it does |", "|---|---|---|"]
+    lines += [f"| {names} | {', '.join(commands)} | {text} |" for (names, text), commands in rows.items()]
+    return "\n".join(lines)
+
+
+def test_reference_option_table_is_the_option_table() -> None:
+    """docs/reference.md holds the table the commands are built from; HOOKTRACE_UPDATE_REFERENCE=1
+    rewrites it."""
+    import os
+
+    text = REFERENCE.read_text(encoding="utf-8")
+    head, rest = text.split(BEGIN, 1)
+    marker, rest = rest.split("-->", 1)
+    _old, tail = rest.split(END, 1)
+    expected = f"{head}{BEGIN}{marker}-->\n{option_table()}\n{END}{tail}"
+    if os.environ.get("HOOKTRACE_UPDATE_REFERENCE") == "1":
+        REFERENCE.write_text(expected, encoding="utf-8")
+    assert text == expected, (
+        "docs/reference.md's option table is stale: rerun with HOOKTRACE_UPDATE_REFERENCE=1"
+    )
+
+
+def test_reference_format_lists_are_the_renderer_registry() -> None:
+    import re
+
+    from hooktrace.render import RENDERERS
+
+    lists = re.findall(r"--format ([a-z|]+)\]", REFERENCE.read_text(encoding="utf-8"))
+    assert lists and all(found == "|".join(RENDERERS) for found in lists), lists
