@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 from .options import HIDING, VIEW_FLAGS, UsageError, module_path
 from .schema import Trace
@@ -107,6 +107,7 @@ def output(
 
     if "module" in view:  # not a kind: an option, resolved here once; the tree takes the path
         view = dict(view, module=module_path(trace.module_paths(), view["module"]))
+    data: Union[str, bytes, None]
     try:
         chosen = r.format_for_path(str(output) if output else None, fmt)
         takes = r.renderer(chosen).options

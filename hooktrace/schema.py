@@ -8,7 +8,6 @@ column layout of version 2) are `io`'s. This module imports only `io` and `kinds
 
 from __future__ import annotations
 
-import functools
 import operator
 import os
 from dataclasses import dataclass, field, fields
@@ -35,7 +34,7 @@ META_DEVICE = "meta"  # `meta.device` of a dry run: shapes, no values (`run --de
 
 def is_internal_error(error: Optional[str]) -> bool:
     """True for an EVENT `error` that PyTorch raised and caught itself."""
-    return bool(error) and error.split(":", 1)[0] in PYTORCH_INTERNAL_ERRORS
+    return error is not None and error.split(":", 1)[0] in PYTORCH_INTERNAL_ERRORS
 
 
 __all__ = [
@@ -140,9 +139,14 @@ def _record(obj: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in _field_names(type(obj))}
 
 
-@functools.cache
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 class Trace:

@@ -11,7 +11,7 @@ import operator
 import os
 from dataclasses import fields
 from itertools import islice, repeat
-from typing import Any, Callable, Container, Iterable, Sequence
+from typing import Any, Callable, Container, Iterable, Optional, Sequence
 
 from .io import TraceFormatError, gc_paused, read_json, short
 from .io.columns import decode, from_columns, has_types, index_error, null_among, selector
@@ -96,9 +96,10 @@ def _build(cls: type, data: Any, what: str) -> Any:
     return cls(**data)
 
 
-_INT, _STR = {int}, {str}
+_INT: set[type] = {int}
+_STR: set[type] = {str}
 _OR_NULL = type(None)
-_COLUMN_TYPES = {  # the Python types each event column may hold
+_COLUMN_TYPES: dict[str, set[type]] = {  # the Python types each event column may hold
     "seq": _INT,
     "step": _INT,
     "type": _STR,
@@ -113,7 +114,11 @@ _COLUMN_TYPES = {  # the Python types each event column may hold
     "error": {str, _OR_NULL},
     "shapes": {str, _OR_NULL},
 }
-_COLUMN_VALUES = {"type": set(EVENT_TYPES), "phase": set(PHASES), "kind": {*KINDS, None}}
+_COLUMN_VALUES: dict[str, set[Optional[str]]] = {
+    "type": set(EVENT_TYPES),
+    "phase": set(PHASES),
+    "kind": {*KINDS, None},
+}
 _NULLABLE_INDICES = ("module", "kind", "shapes")  # not a kind: indexed columns where null stays null
 _event_fields = operator.itemgetter(*REQUIRED_FIELDS)  # version 1: no `shapes`
 
@@ -169,11 +174,12 @@ def _v1_events(items: list[Any], hook_ids: set[int], parsed: bool) -> tuple[list
 def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event], Container[int]]:
     """Events of version 2, checked: the tables' values, the columns' types, every index inside its
     table (decoded as the events are built, no decoded column is kept); and their seqs."""
-    columns, tables = from_columns(
+    found, tables = from_columns(
         data, EVENT_FIELDS, INDEXED[:4], INDEXED[4:] + OPTIONAL_INDEXED, optional=OPTIONAL_INDEXED
     )
-    if columns[-1] is None:  # no `shapes` column (traced without --shapes): null for every event
-        columns[-1] = [None] * len(columns[0])  # type: ignore[arg-type]
+    count = len(found[0] or ())
+    # only an optional column can be missing: `shapes` (traced without --shapes), null for every event
+    columns = [[None] * count if c is None else c for c in found]
     for name, table in tables.items():
         if None in table:  # null stays null in the column itself
             raise TraceFormatError(f'events table "{name}" holds null; a null value is null in its column')
@@ -215,7 +221,7 @@ def _check_hook_events(is_hook: Sequence[Any], by_name: dict[str, list[Any]], ki
 
 
 def _events(
-    values: list[Iterable[Any]], by_name: dict[str, list[Any]], hook_ids: set[int]
+    values: Sequence[Iterable[Any]], by_name: dict[str, list[Any]], hook_ids: set[int]
 ) -> tuple[list[Event], Container[int]]:
     """Events from the values of checked columns, after the checks that relate events to each other
     and to hooks; and the events' seqs (a range when they are 0, 1, 2, ...)."""

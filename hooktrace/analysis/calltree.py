@@ -252,7 +252,7 @@ def hook_lookup(trace: Trace) -> Callable[[Optional[int]], Optional[Hook]]:
     by_id: dict[int, Hook] = {}
     for h in trace.hooks:
         by_id.setdefault(h.id, h)
-    return lambda hook_id: by_id.get(hook_id) if hook_id is not None else None  # type: ignore[arg-type]
+    return lambda hook_id: by_id.get(hook_id) if hook_id is not None else None
 
 
 def module_of(e: Event, hook_of: Callable[[Optional[int]], Optional[Hook]]) -> Optional[str]:
@@ -371,24 +371,24 @@ class _Shapes:
         hooks = 0
         calls = 1 if node.kind == "call" else 0
         for c in node.children:
-            if type(c) is Node:
+            if isinstance(c, Node):
                 calls += c.calls
                 if not c.hooks and c.error is None and not self.show_empty:
                     continue
                 hooks += c.hooks
                 parts.append((relative(c.module, here), c.sig))
-            elif type(c) is SavedTensors:
+            elif isinstance(c, SavedTensors):
                 hooks += len(c.events)
                 c.sig = self.intern(("s", tuple(self.hook_sig(x, here) for x in _distinct(c.events)),
                                      tuple(c.counts().items())))  # fmt: skip
                 parts.append(c.sig)
             else:
                 hooks += 1
-                parts.append(self.hook_sig(c, here))  # type: ignore[arg-type]
+                parts.append(self.hook_sig(c, here))
             kept.append(c)
         if kept:
             last = kept[-1]
-            node.last_seq = max(node.last_seq, last.last_seq if type(last) is not Event else last.seq)
+            node.last_seq = max(node.last_seq, last.seq if isinstance(last, Event) else last.last_seq)
         node.children = kept
         node.hooks = hooks
         node.calls = calls
@@ -409,7 +409,7 @@ def _summarise_saved(node: Node) -> None:
     saved = [c for c in node.children if type(c) is Event and c.kind in SAVED_KINDS]
     if len(saved) < 2:  # one is shown as it is
         return
-    summary = SavedTensors(saved)  # type: ignore[arg-type]
+    summary = SavedTensors(saved)
     out: list[Union[Node, Leaf]] = []
     for c in node.children:
         if type(c) is Event and c.kind in SAVED_KINDS:

@@ -15,7 +15,7 @@ import operator
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import Callable, Optional
+from typing import Callable, Optional, TypedDict, Union
 
 from ..io import gc_paused
 from ..kinds import HOOK
@@ -34,6 +34,16 @@ CHANGES = ("step", "phase", "removed", "added", "moved", "count", "scope", "flag
 
 
 SeqKey = tuple[int, str, Optional[str], str]  # (step, phase, module the call was for, kind)
+Part = Union[int, tuple[int, str]]  # a whole step, or a whole phase of a step
+
+
+class _Where(TypedDict):
+    """A SeqKey as the keyword arguments of a Difference."""
+
+    step: int
+    phase: str
+    module: Optional[str]
+    kind: str
 
 
 @dataclass(frozen=True)
@@ -177,7 +187,7 @@ def _compare_list(sk: SeqKey, la: list[HookKey], lb: list[HookKey]) -> tuple[lis
     """Differences of one (step, phase, module, kind), the index where the orders first differ, and
     what was expected and got there."""
     step, phase, module, kind = sk
-    at = {"step": step, "phase": phase, "module": module, "kind": kind}
+    at = _Where(step=step, phase=phase, module=module, kind=kind)
     ca, cb = Counter(la), Counter(lb)
     removed = [k for k in ca if k not in cb]
     added = [k for k in cb if k not in ca]
@@ -260,20 +270,20 @@ def _missing_parts(
     skipped: set[tuple[int, str]] = set()
     if {k[:2] for k in sa} == {k[:2] for k in sb}:
         return ranked, skipped
-    parts = [(0, lambda k: k[0]), (1, lambda k: k[:2])]
-    for level, part_of in parts:
-        groups_a: dict[object, list[SeqKey]] = {}
-        groups_b: dict[object, list[SeqKey]] = {}
+    parts: list[Callable[[SeqKey], Part]] = [lambda k: k[0], lambda k: k[:2]]
+    for part_of in parts:
+        groups_a: dict[Part, list[SeqKey]] = {}
+        groups_b: dict[Part, list[SeqKey]] = {}
         for seqs, groups in ((sa, groups_a), (sb, groups_b)):
             for k in seqs:
                 if k[:2] not in skipped:
                     groups.setdefault(part_of(k), []).append(k)
-        for part in sorted(groups_a.keys() ^ groups_b.keys()):  # type: ignore[type-var]
+        for part in sorted(groups_a.keys() ^ groups_b.keys()):  # one level's parts: all ints or all pairs
             side, seqs, mine = (
                 ("expected", sa, groups_a[part]) if part in groups_a else ("observed", sb, groups_b[part])
             )
             calls = sum(len(seqs[k]) for k in mine)
-            if level == 0:
+            if isinstance(part, int):
                 d = Difference("step", f"only in the {side} trace ({plural(calls, 'hook call')})", step=part)
             else:
                 d = Difference(

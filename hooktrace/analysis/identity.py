@@ -15,7 +15,7 @@ from typing import Optional
 from ..kinds import GLOBAL, MODULE, TENSOR
 from ..schema import Hook, Trace
 
-Identity = tuple  # (scope, module, tensor, kind, name)
+Identity = tuple[str, Optional[str], Optional[str], str, str]  # (scope, module, tensor, kind, name)
 
 
 def identity(hook: Hook) -> Identity:

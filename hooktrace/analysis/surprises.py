@@ -71,15 +71,15 @@ def global_first(trace: Trace) -> list[Surprise]:
         return []
     found: dict[int, tuple[set[int], list[int]]] = {}
     for firing in firings(trace):
-        globals_seen: list[Event] = []
+        globals_seen: list[tuple[int, int]] = []  # (hook id, seq)
         for e in firing:
             if e.hook in global_ids:
-                globals_seen.append(e)
+                globals_seen.append((e.hook, e.seq))
             elif e.hook in prepended and globals_seen:
                 ids, seqs = found.setdefault(e.hook, (set(), []))
-                ids.update(g.hook for g in globals_seen)
+                ids.update(g for g, _ in globals_seen)
                 if len(seqs) < MAX_SEQS:
-                    seqs.extend([*(g.seq for g in globals_seen), e.seq])
+                    seqs.extend([*(seq for _, seq in globals_seen), e.seq])
     out = []
     for hid, (before, seqs) in found.items():
         hook = trace.hook(hid)
@@ -107,23 +107,23 @@ def prepend_displaced(trace: Trace) -> list[Surprise]:
     module_ids = {h.id for h in trace.hooks if h.scope == MODULE}
     found: dict[int, tuple[set[int], list[int]]] = {}
     for firing in firings(trace):
-        before: list[Event] = []
+        before: list[tuple[int, int]] = []  # (hook id, seq)
         for e in firing:
             if e.hook not in module_ids:
                 continue
-            ahead = [b for b in before if b.hook != e.hook]
+            ahead = [(b, seq) for b, seq in before if b != e.hook]
             if e.hook in prepended and ahead:
                 ids, seqs = found.setdefault(e.hook, (set(), []))
-                ids.update(b.hook for b in ahead)
+                ids.update(b for b, _ in ahead)
                 if len(seqs) < MAX_SEQS:
-                    seqs.extend([*(b.seq for b in ahead), e.seq])
-            before.append(e)
+                    seqs.extend([*(seq for _, seq in ahead), e.seq])
+            before.append((e.hook, e.seq))
     out = []
     for hid, (ahead_ids, seqs) in found.items():
         hook = trace.hook(hid)
-        ahead = [trace.hook(a) for a in sorted(ahead_ids)]
-        later_prepends = [h for h in ahead if h.prepend and h.id > hid]
-        others = [h for h in ahead if h not in later_prepends]
+        in_front = [trace.hook(a) for a in sorted(ahead_ids)]
+        later_prepends = [h for h in in_front if h.prepend and h.id > hid]
+        others = [h for h in in_front if h not in later_prepends]
         why = []
         if later_prepends:
             why.append(
@@ -139,7 +139,7 @@ def prepend_displaced(trace: Trace) -> list[Surprise]:
             Surprise(
                 "prepend-displaced",
                 f"{label(hook)} on {on(hook)} is flagged prepend but is not first among the module's "
-                f"{hook.kind} hooks: {names(label(h) for h in ahead)} ran before it; {'; '.join(why)}.",
+                f"{hook.kind} hooks: {names(label(h) for h in in_front)} ran before it; {'; '.join(why)}.",
                 [hid, *sorted(ahead_ids)],
                 sorted(set(seqs)),
                 level=level_of(trace, [hid, *ahead_ids]),
@@ -273,8 +273,9 @@ def hook_error(trace: Trace) -> list[Surprise]:
         call = next((c for c in reversed(calls) if c.module == e.module and c.holds(e)), None)
         # no call holds it (its enter is not in the trace): nothing is claimed of the rest of that call
         still: list[Event] = []
+        end = call.end if call is not None else None
         for later in islice(events, bisect.bisect_right(seqs, e.seq), None) if call is not None else ():
-            if call.end is not None and later.seq >= call.end:
+            if end is not None and later.seq >= end:
                 break
             if later.type == HOOK and later.module == e.module and later.kind == K.forward:
                 other = hook_of(trace, later.hook)

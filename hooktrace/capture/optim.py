@@ -62,7 +62,7 @@ _record_function: Any = torch.autograd.profiler.record_function
 on_step_end: Optional[Any] = None
 
 
-class _StepScope(_record_function):  # type: ignore[misc, valid-type]
+class _StepScope(_record_function):
     """PyTorch's `record_function` that also marks this thread as inside `optimizer.step()`."""
 
     def __enter__(self) -> Any:
@@ -160,7 +160,7 @@ def _classes() -> list[type]:
 def _wrapper_code(profile_hook_step: Any) -> Optional[CodeType]:
     """The code of the `wrapper` functions that `profile_hook_step` makes."""
     fn = views._plain(profile_hook_step)
-    codes = [c for c in getattr(fn, "__code__", None).co_consts if isinstance(c, CodeType)] if fn else []
+    codes = [c for c in fn.__code__.co_consts if isinstance(c, CodeType)] if fn is not None else []
     return codes[0] if len(codes) == 1 else None
 
 
@@ -209,5 +209,5 @@ class Installed:
         # wrappers made inside the block (classes first patched there) get PyTorch's code too
         for cls in _classes():
             step = vars(cls).get("step")
-            if getattr(step, "__code__", None) is self._copy_step:
+            if step is not None and getattr(step, "__code__", None) is self._copy_step:
                 step.__code__ = self._own_step

@@ -272,8 +272,9 @@ class HookBook:
         table = self.tensor_shims
         for hid, value in list(d.items()):
             entry = table.get(id(value))
-            if entry is not None and entry[0]() is value and d.get(hid) is value:
-                d[hid] = value.__wrapped__
+            current = d.get(hid)  # None when another thread removed it meanwhile
+            if entry is not None and entry[0]() is value and current is value:
+                d[hid] = current.__wrapped__
                 record = self.records.get(entry[2])
                 if record is not None and record.removed:  # removed on another thread meanwhile
                     d.pop(hid, None)

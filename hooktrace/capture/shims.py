@@ -34,7 +34,7 @@ import linecache
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
@@ -217,7 +217,7 @@ class Recorder:
             "_N": _MISSING,
             "profiler": torch.autograd.profiler,
             "ranged": ranged,
-            "note": self.shapes.append if shapes else None,
+            "note": self.shapes.append if self.shapes is not None else None,
             "describe_call": describe.call,
             "describe_positional": describe.positional,
             "describe_returned": describe.returned,
@@ -277,9 +277,19 @@ class Recorder:
         return len(self.step_starts) + 1
 
 
+class Shim(Protocol):
+    """A recording shim: a function whose `__wrapped__` is the hook it stands for (functools' word);
+    a state-dict hook's shim carries the hook's `_from_public_api` mark, which `state_dict()` reads."""
+
+    __wrapped__: Callable[..., Any]
+    _from_public_api: bool
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 def make_shim(
     rec: Recorder, fn: Callable[..., Any], hook_id: int, kind: str, module: Any, module_from_args: bool
-) -> Callable[..., Any]:
+) -> Shim:
     """A pass-through wrapper around `fn` that records one `hook` event per call.
 
     module_from_args: the module is the hook's first argument (global hooks, and module hooks whose

@@ -162,7 +162,7 @@ class Registrations:
             self._installed = True
             dist = getattr(torch, "distributed", None)
             original = getattr(dist, "_register_comm_hook", None) if dist is not None else None
-            if original is not None:
+            if dist is not None and original is not None:
                 self._comm = (dist, original)
                 dist._register_comm_hook = self._comm_patch(original)
             self._unwatch_nodes = autograd.watch_node_hooks(self)

@@ -148,7 +148,7 @@ def read_json(path: PathLike) -> Any:
         raise TraceFormatError(f"{name} is not valid JSON: {exc}") from None
 
 
-def inflate(raw: bytes, name: str = "input") -> bytearray:
+def inflate(raw: Union[bytes, bytearray], name: str = "input") -> bytearray:
     """gzip `raw`, inflated a chunk at a time and refused (TraceFormatError) past the bound above,
     so a gzip bomb costs no more memory than the bound."""
     bound = min(INFLATE_CAP, max(INFLATE_FLOOR, INFLATE_RATIO * len(raw)))

@@ -32,10 +32,10 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
 
 from ..analysis.ranks import compare_ranks
-from ..options import UsageError, check_nproc, check_timeout
+from ..options import RunOptions, UsageError, check_nproc, check_timeout
 from ..schema import TraceFormatError
 from ..target import split_spec
 from ..validate import load
@@ -50,6 +50,9 @@ from .result import (
     rank_trace_path,
 )
 from .worker import ERROR_KEY, NOTES_KEY, PROGRESS_KEY, STOP_SIGNALS
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
 # Joining the group waits for every rank to import torch and start; a loaded machine needs time.
 JOIN_TIMEOUT = 300.0
@@ -110,7 +113,7 @@ def run_ranks(
     nproc: int,
     *,
     out: Optional[str] = None,
-    options: Optional[Mapping[str, Any]] = None,
+    options: Union[RunOptions, Mapping[str, Any], None] = None,
     timeout: float = DEFAULT_TIMEOUT,
     show_rank: int = 0,
 ) -> RanksResult:
@@ -141,8 +144,9 @@ def run_ranks(
         if not os.path.isdir(folder):
             raise UsageError(f"cannot write {out}: folder {folder} does not exist; create it first")
     plain = _plain(options)
-    job = {"target": target, "options": plain, "join_timeout": max(timeout, JOIN_TIMEOUT)}
-    watch = _Watch(nproc, timeout, job["join_timeout"])
+    join_timeout = max(timeout, JOIN_TIMEOUT)
+    job = {"target": target, "options": plain, "join_timeout": join_timeout}
+    watch = _Watch(nproc, timeout, join_timeout)
     ranks: list[RankOutcome] = []
     with _signals_raise() as seen:
         run_dir = _run_dir()
@@ -199,7 +203,7 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
-def _stop_signals() -> tuple[type[Exception], ...]:
+def _stop_signals() -> tuple[type[Union[Interrupted, SignalException]], ...]:
     """What a stop signal raises here: ours, and torch's once its handlers can be installed."""
     elastic = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
     return (Interrupted,) if elastic is None else (Interrupted, elastic.SignalException)
@@ -236,7 +240,7 @@ def _signals_raise() -> Iterator[dict[str, int]]:
     except Exception as exc:
         if not isinstance(exc, _stop_signals()):
             raise
-        seen["signal"] = int(exc.sigval)  # type: ignore[attr-defined]
+        seen["signal"] = int(exc.sigval)
     finally:
         elastic.propagate = propagate
         elastic.removeHandler(quiet)
@@ -388,12 +392,14 @@ class _Watch:
         """Rank `rank`'s state from its exit code and error file, and the trace it wrote in this run."""
         proc = self.pc.subprocess_handlers[rank].proc if self.pc is not None else None
         code = proc.poll() if proc is not None else None
-        outcome = RankOutcome(rank=rank, state=EXIT_CODES.get(code, DIED), exitcode=code)
+        outcome = RankOutcome(
+            rank=rank, state=DIED if code is None else EXIT_CODES.get(code, DIED), exitcode=code
+        )
         outcome.ended_at = self.ended.get(rank)
         if proc is None:
             outcome.error = "never started (the launch was interrupted)"
         elif code:
-            self._read_error_file(outcome, proc.pid)
+            self._read_error_file(outcome, proc.pid, code)
         notes = self._read(NOTES_KEY.format(rank=rank))
         outcome.notes = list(json.loads(notes)) if notes else []
         if rank in self.hung:
@@ -409,12 +415,12 @@ class _Watch:
             outcome.trace_path = path if keep else None
         return outcome
 
-    def _read_error_file(self, outcome: RankOutcome, pid: int) -> None:
+    def _read_error_file(self, outcome: RankOutcome, pid: int, exitcode: int) -> None:
         from torch.distributed.elastic.multiprocessing import ProcessFailure
 
         failure: Any = None
         with _failures_but_stops():
-            failure = ProcessFailure(outcome.rank, pid, outcome.exitcode, self.pc.error_files[outcome.rank])
+            failure = ProcessFailure(outcome.rank, pid, exitcode, self.pc.error_files[outcome.rank])
         message = failure.message if failure is not None else None
         said = self._read(ERROR_KEY.format(rank=outcome.rank))  # the same error, kept in memory
         if isinstance(message, dict) or said is not None:

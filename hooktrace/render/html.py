@@ -268,7 +268,7 @@ def _js_class(chars: str) -> str:
 
 
 def _asset(name: str) -> str:
-    return resources.files(__package__).joinpath("html_assets", name).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath("html_assets").joinpath(name).read_text(encoding="utf-8")
 
 
 def page(data: dict[str, Any], title: str) -> str:

@@ -26,7 +26,7 @@ of that trace gives the same lines back.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Optional, Union
 
 from ..analysis.identity import hook_keys
 from ..kinds import GLOBAL, HOOK, KINDS, MODULE, NODE, PHASES, ROOT, TABLE, TENSOR
@@ -142,7 +142,7 @@ def _hook_flag(h: Hook, badge: str) -> bool:
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def is_order_text(data: bytes) -> bool:
+def is_order_text(data: Union[bytes, bytearray]) -> bool:
     """True unless `data` looks like a saved trace (JSON or gzip)."""
     head = data.lstrip()[:1]
     return not (data[:2] == b"\x1f\x8b" or head in (b"{", b"["))

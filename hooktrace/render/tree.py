@@ -147,12 +147,11 @@ class _Drawer:
 
     def saved_line(self, s: SavedTensors, col: int) -> Text:
         counts = ", ".join(f"{n} {k}" for k, n in s.counts().items())
-        names = dict.fromkeys(hook_name(self.hook_of(e.hook), e.hook) for e in s.events)
+        names = list(dict.fromkeys(hook_name(self.hook_of(e.hook), e.hook) for e in s.events))
         head = Text(f"#{s.seq}–#{s.last_seq} ", style="dim")
         head.append("saved tensors", style=KIND_STYLES[K.pack])
         head.append(f" {counts}")
         segs = [("", head)]
-        names = list(names)
         for i, name in enumerate(names):  # one segment each: a long list wraps between names
             segs.append(
                 ("  " if i == 0 else " ", Text(name + ("," if i < len(names) - 1 else ""), style="bold"))
