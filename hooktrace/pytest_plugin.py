@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import pytest
 
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 SNAPSHOTS = "__hooktrace__"
 UPDATE = "--hooktrace-update"
+REMOVE_STALE = "--hooktrace-remove-stale"
 _PROPERTY = "hooktrace snapshot"  # user_properties key: what happened to a snapshot (travels with xdist)
+_USED = "hooktrace snapshot used"  # user_properties key: the snapshot file a block compared or wrote
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+,\[\]-]")
 _MAX_NAME = 120
 _LOOKS_HASHED = re.compile(r"(-[0-9a-f]{8}|\.[0-9]+)$")  # a hashed name, or a later block's `.N`
@@ -39,7 +41,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         UPDATE,
         action="store_true",
         default=False,
-        help=f"write the hook_order snapshots ({SNAPSHOTS}/<test file>/<test>.txt) instead of comparing.",
+        help=f"write the hook_order snapshots ({SNAPSHOTS}/<test file>/<test>.txt) instead of comparing; "
+        "lists stale ones (of no collected test).",
+    )
+    group.addoption(
+        REMOVE_STALE,
+        action="store_true",
+        default=False,
+        help=f"remove the stale hook_order snapshots (in {SNAPSHOTS} folders of the test files collected, "
+        "of no collected test); not under pytest-xdist.",
     )
 
 
@@ -86,21 +96,38 @@ class HookOrder:
         return self.folder / (f"{self.name}.txt" if block == 1 else f"{self.name}.{block}.txt")
 
     @contextlib.contextmanager
-    def __call__(self, model: Optional[Any] = None, *, shapes: bool = False) -> Iterator[TraceSession]:
+    def __call__(
+        self,
+        model: Optional[Any] = None,
+        *,
+        shapes: bool = False,
+        hide_library: bool = False,
+        hide: Sequence[str] = (),
+        torch_saved_tensors: bool = True,
+    ) -> Iterator[TraceSession]:
         """`shapes=True`: the session's events also carry what each hook received and returned (the
-        snapshot, in the order format, never holds them)."""
+        snapshot, in the order format, never holds them). `hide_library`, `hide`: leave out of the
+        snapshot hooks defined in torch or installed packages, or matching a glob on their name or
+        defining file (as `--hide-library`, `--hide GLOB`); `torch_saved_tensors=False`: leave out
+        PyTorch's own saved-tensor hooks (checkpoint's pack/unpack), whose counts follow its
+        internals. The session's trace keeps everything."""
         import hooktrace
 
         self._blocks += 1
         path = self.snapshot_path(self._blocks)
         with hooktrace.trace(model, shapes=shapes) as session:
             yield session
-        self.check(session.trace, path)  # not reached when the block raised: that error is the test's
+        hiding = dict(library=hide_library, globs=tuple(hide), torch_saved_tensors=torch_saved_tensors)
+        self.check(session.trace, path, hiding)  # not reached when the block raised: that error is the test's
 
-    def check(self, trace: Trace, path: Path) -> None:
+    def check(self, trace: Trace, path: Path, hiding: Optional[dict[str, Any]] = None) -> None:
+        from .analysis.hiding import hide, prepend_as_seen
         from .compare import Side, compare_sides, failure_message
         from .render.order import order_text
 
+        # a snapshot must not depend on where the model was built: `prepend` only where the order shows it
+        trace = prepend_as_seen(hide(trace, **(hiding or {})))
+        self._request.node.user_properties.append((_USED, str(path)))
         text = order_text(trace)
         shown = self._shown(path)
         if path.exists() and not path.is_file():
@@ -175,11 +202,25 @@ def hook_order(request: pytest.FixtureRequest) -> HookOrder:
 
 
 class _Summary:
-    """Counts the snapshots written under --hooktrace-update (from every xdist worker's reports)."""
+    """Counts the snapshots written under --hooktrace-update (from every xdist worker's reports), and
+    finds the stale ones: files in the snapshot folders of the test files collected that belong to
+    no collected test (a renamed or deleted test), or a later block's `.N` file that a passing test
+    no longer reached. Stale files are listed; `--hooktrace-remove-stale` removes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
         self.written: list[str] = []
         self.unchanged = 0
+        self.collected: dict[Path, set[str]] = {}  # snapshot folder -> the names of its tests
+        self.used: set[str] = set()
+        self.passed_names: set[tuple[Path, str]] = set()
+
+    @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect: a deselected test's snapshot is not stale
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            path = Path(str(getattr(item, "path", "")))
+            folder = path.parent / SNAPSHOTS / path.stem
+            self.collected.setdefault(folder, set()).add(snapshot_name(item.nodeid))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
@@ -190,6 +231,23 @@ class _Summary:
                     self.unchanged += 1
                 else:
                     self.written.append(str(value)[len("wrote ") :])
+            elif key == _USED:
+                self.used.add(str(value))
+                if report.passed:
+                    self.passed_names.add((Path(str(value)).parent, _test_of(Path(str(value)))))
+
+    def stale(self) -> list[Path]:
+        out = []
+        for folder, names in self.collected.items():
+            if not folder.is_dir():
+                continue
+            for file in sorted(folder.glob("*.txt")):
+                test = _test_of(file)
+                if test not in names or (
+                    (folder, test) in self.passed_names and str(file) not in self.used and file.stem != test
+                ):
+                    out.append(file)
+        return out
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.written or self.unchanged:
@@ -198,6 +256,34 @@ class _Summary:
             )
             for shown in sorted(self.written):
                 terminalreporter.write_line(f"  {shown}")
+        if not self.collected:  # the pytest-xdist controller collects nothing itself
+            if self.config.getoption(REMOVE_STALE):
+                terminalreporter.write_line(
+                    f"hooktrace: {REMOVE_STALE} needs a run without -n (pytest-xdist)"
+                )
+            return
+        stale = self.stale()
+        remove = bool(self.config.getoption(REMOVE_STALE))
+        if not stale:
+            return
+        root = self.config.rootpath
+        verb = "removed" if remove else "stale (of no collected test)"
+        terminalreporter.write_line(f"hooktrace: {len(stale)} snapshot(s) {verb}:")
+        for file in stale:
+            if remove:
+                file.unlink()
+            try:
+                shown = str(file.relative_to(root))
+            except ValueError:
+                shown = str(file)
+            terminalreporter.write_line(f"  {shown}")
+        if not remove:
+            terminalreporter.write_line(f"  (pytest {REMOVE_STALE} removes them)")
+
+
+def _test_of(file: Path) -> str:
+    """The test name a snapshot file belongs to: its stem without a later block's `.N`."""
+    return re.sub(r"\.[0-9]+$", "", file.stem)
 
 
 def pytest_ignore_collect(collection_path: Path) -> Optional[bool]:
@@ -207,5 +293,5 @@ def pytest_ignore_collect(collection_path: Path) -> Optional[bool]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption(UPDATE, default=False):
-        config.pluginmanager.register(_Summary(), "hooktrace-snapshot-summary")
+    if config.getoption(UPDATE, default=False) or config.getoption(REMOVE_STALE, default=False):
+        config.pluginmanager.register(_Summary(config), "hooktrace-snapshot-summary")

@@ -16,11 +16,13 @@ import functools
 import importlib.util
 import os
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
-from ..kinds import HOOK
+from ..ids import family
+from ..kinds import HOOK, SAVED_TENSORS
 from ..schema import Hook, Surprise, Trace
+from .firings import firings
 
 # Always a library, also when the trace is drawn where they are not installed.
 KNOWN_LIBRARIES = frozenset({"torch", "torchvision", "torchaudio", "transformers", "accelerate", "peft",
@@ -88,13 +90,27 @@ def matches(hook: Hook, globs: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(n, g) for g in globs for n in names)
 
 
-def hide(trace: Trace, *, library: bool = False, globs: Iterable[str] = ()) -> Trace:
-    """`trace` without the hooks `--hide-library` / `--hide GLOB` name, nor their calls; module calls,
-    the other hooks and the surprises about them stay. The trace itself is not changed."""
+def _torch_saved_tensors(hook: Hook) -> bool:
+    """PyTorch's own saved-tensor hooks (checkpoint's pack/unpack): their counts follow its internals."""
+    return hook.scope == SAVED_TENSORS and (hook.defined_at or "").startswith("torch/")
+
+
+def hide(
+    trace: Trace, *, library: bool = False, globs: Iterable[str] = (), torch_saved_tensors: bool = True
+) -> Trace:
+    """`trace` without the hooks `--hide-library` / `--hide GLOB` name (and PyTorch's own saved-tensor
+    hooks when `torch_saved_tensors` is False), nor their calls; module calls, the other hooks and the
+    surprises about them stay. The trace itself is not changed."""
     globs = tuple(globs)
-    if not library and not globs:
+    if not library and not globs and torch_saved_tensors:
         return trace
-    gone = {h.id for h in trace.hooks if (library and is_library_file(h.defined_at)) or matches(h, globs)}
+    gone = {
+        h.id
+        for h in trace.hooks
+        if (library and is_library_file(h.defined_at))
+        or matches(h, globs)
+        or (not torch_saved_tensors and _torch_saved_tensors(h))
+    }
     events = [e for e in trace.events if not (e.type == HOOK and e.hook in gone)]
     seqs = {e.seq for e in events}
     surprises = [
@@ -110,6 +126,7 @@ def hide(trace: Trace, *, library: bool = False, globs: Iterable[str] = ()) -> T
     ]
     out = Trace(trace.meta, trace.modules, [h for h in trace.hooks if h.id not in gone], events, surprises)
     why = (["--hide-library"] if library else []) + [f"--hide {g!r}" for g in globs]
+    why += [] if torch_saved_tensors else ["PyTorch's saved-tensor hooks"]
     out.hidden = Hidden(len(gone), len(trace.events) - len(events), ", ".join(why))  # type: ignore[attr-defined]
     return out
 
@@ -117,3 +134,24 @@ def hide(trace: Trace, *, library: bool = False, globs: Iterable[str] = ()) -> T
 def hidden_of(trace: Trace) -> Optional[Hidden]:
     """What `hide` left out of this trace; None for a trace shown whole."""
     return getattr(trace, "hidden", None)
+
+
+def prepend_as_seen(trace: Trace) -> Trace:
+    """`trace` with `prepend` kept only where the order shows it: the hook fired before a hook of the
+    same dict registered earlier (a smaller handle id), as `prepend (inferred)` is found for hooks
+    registered before a capture. A lone `prepend=True` hook then reads the same whether it was
+    registered inside the traced block (flag known) or before it (flag unknowable)."""
+    by_id = {h.id: h for h in trace.hooks}
+    seen: set[int] = set()
+    for firing in firings(trace):
+        hooks = [by_id[e.hook] for e in firing if e.hook in by_id]
+        for i, h in enumerate(hooks):
+            if h.prepend and any(
+                g.scope == h.scope and family(g.id) == family(h.id) and g.id < h.id for g in hooks[i + 1 :]
+            ):
+                seen.add(h.id)
+    if all(h.id in seen for h in trace.hooks if h.prepend):
+        return trace
+    hooks = [h if not h.prepend or h.id in seen else replace(h, prepend=False, prepend_source=None)
+             for h in trace.hooks]  # fmt: skip
+    return Trace(trace.meta, trace.modules, hooks, trace.events, trace.surprises)
