@@ -19,6 +19,7 @@ import typer
 from . import script_commands as sc
 from .compare import load_side_file, load_trace_file, print_comparison, safe_lines
 from .options import Output, RunOptions, UsageError, View, check_format, grouped, option
+from .outputs import check_renderable
 from .outputs import console as _console
 from .outputs import emit_page as _emit
 from .outputs import output as _output
@@ -115,6 +116,8 @@ def run(
         ).check()
         view = shown.given()
         format, output, check, quiet = out.checked(FORMATS).astuple()
+        if nproc is None:  # ranks write JSON, whatever -o says
+            check_renderable(format, output)
         if nproc is None and (rank is not None or timeout is not None):
             raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
         golden = load_side_file(check) if check is not None else None
@@ -136,7 +139,7 @@ def run(
         if profile is not None:
             _stderr(f"wrote {profile} (torch.profiler Chrome trace; hooks are 'hook <kind> <name>' ranges)")
         if not (quiet and output is None):
-            _output(result.trace, format, output, view, quiet)
+            _output(result.trace, format, output, view, quiet, keep=True)
     except UsageError as exc:
         _fail(exc, traceback)
     raise typer.Exit(sc.run_outcome(result, target, golden, quiet, traceback))
@@ -235,8 +238,11 @@ def exec_(
     traceback: bool = opt("traceback"),
 ) -> None:
     """Run SCRIPT.py (or -m MODULE) as python would; trace the hooks of a window of its steps."""
+    script = _script_args(script, as_module)
     try:
         format, output, check, quiet = out.checked(FORMATS).astuple()
+        if nproc is None and "RANK" not in os.environ:  # ranks write JSON, whatever -o says
+            check_renderable(format, output)
         view = shown.given()
         target, options = sc.exec_target(script, as_module, start, steps, step_on, keep_running, shapes)
         golden = load_side_file(check) if check is not None else None
@@ -245,6 +251,39 @@ def exec_(
         raise typer.Exit(sc.run_exec(target, options, format, output, view, quiet, golden))
     except UsageError as exc:
         _fail(exc, traceback)
+
+
+def _script_args(script: Optional[List[str]], as_module: bool) -> Optional[List[str]]:
+    """SCRIPT and its arguments as the script gets them: a `--` right after SCRIPT separates
+    hooktrace's command line from the script's and is not passed on; an argument that is one of
+    exec's own options (or an abbreviation of one) goes to the script, with a warning on stderr."""
+    if not script:
+        return script
+    if len(script) > 1 and script[1] == "--":
+        return [script[0], *script[2:]]
+    command = typer.main.get_command(app).commands["exec"]  # type: ignore[attr-defined]
+    takes = {name: not p.is_flag for p in command.params for name in p.opts if name.startswith("-")}
+    shown = f"-m {script[0]}" if as_module else script[0]
+    for i, arg in enumerate(script[1:], 1):
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if not name.startswith("-") or name in ("-h", "--help"):
+            continue
+        own = (
+            [name]
+            if name in takes
+            else [o for o in takes if o.startswith("--") and len(name) > 3 and o.startswith(name)]
+        )
+        if not own:
+            continue
+        given = arg if "=" in arg or not takes[own[0]] or i + 1 >= len(script) else f"{arg} {script[i + 1]}"
+        if os.environ.get("RANK", "0") == "0":
+            _stderr(
+                f"warning: {given} comes after {shown}, so it went to the script, not to hooktrace's "
+                f"{'/'.join(own)}; hooktrace's options go before the script: hooktrace exec {given} {shown} ..."
+            )
+    return script
 
 
 @app.command()
@@ -270,6 +309,13 @@ def ranks(
     raise typer.Exit(code)
 
 
+# an option of one command given to the other: what that command calls it
+_OTHER_NAMES = {
+    ("exec", "--warmup"): "exec runs K steps untraced before its window with --start K (run's --warmup)",
+    ("run", "--start"): "run runs N steps untraced first with --warmup N (exec's --start)",
+}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Console-script entry point: every way out is an exit code and at most one `error:` line."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -278,8 +324,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         code = command.main(args=args or ["--help"], prog_name="hooktrace", standalone_mode=False)
     except typer.TyperException as exc:  # click's own errors: unknown option, missing argument, ...
         ctx = getattr(exc, "ctx", None)
-        hint = f"; see {_command_path(command, args, ctx)} --help"
+        path = _command_path(command, args, ctx)
+        hint = f"; see {path} --help"
         message = " ".join(exc.format_message().split()).rstrip(".")
+        for (where, flag), instead in _OTHER_NAMES.items():
+            if path == f"hooktrace {where}" and message.startswith("No such option") and flag in message:
+                hint = f": {instead}{hint}"
         _stderr(f"error: {message}{hint}")
         return EXIT_USAGE if getattr(exc, "exit_code", EXIT_USAGE) == EXIT_USAGE else EXIT_DIFFERENT
     except typer.Abort:

@@ -97,13 +97,52 @@ def console(**options: Any) -> Any:
     return console
 
 
+def check_renderable(fmt: Optional[str], output: Optional[Path]) -> None:
+    """Before anything runs: UsageError when the format cannot be told from `-o`'s extension, or
+    needs a program that is not installed (svg: Graphviz's `dot`)."""
+    import shutil
+
+    from . import render as r
+
+    try:
+        chosen = r.format_for_path(str(output) if output else None, fmt)
+    except r.RenderError as exc:
+        raise UsageError(str(exc)) from exc
+    if chosen == "svg" and shutil.which("dot") is None:
+        from .render.dot import INSTALL_HINT
+
+        raise UsageError(
+            f"svg output needs Graphviz's `dot`, which is not on PATH; nothing was run. {INSTALL_HINT}"
+        )
+
+
+def kept_path(output: Optional[Path]) -> Path:
+    """Where a run's trace is kept as JSON when its rendering failed: beside `-o` (`run.svg` ->
+    `run.svg.trace.json`), else in the working folder; never over an existing file."""
+    base = output if output is not None else Path("hooktrace-trace")
+    for n in range(1000):
+        path = base.with_name(f"{base.name}.trace{'' if n == 0 else f'.{n}'}.json")
+        if not path.exists():
+            return path
+    raise UsageError(f"cannot keep the trace beside {base}: too many earlier trace files there")
+
+
 def output(
-    trace: Trace, fmt: Optional[str], output: Optional[Path], view: dict[str, Any], quiet: bool = False
+    trace: Trace,
+    fmt: Optional[str],
+    output: Optional[Path],
+    view: dict[str, Any],
+    quiet: bool = False,
+    keep: bool = False,
 ) -> None:
     """Render to the terminal (tree: rich, colour when it is a terminal) or write to `output`.
 
-    Display options the chosen format does not take are named in a `note:` and not applied."""
+    Display options the chosen format does not take are named in a `note:` and not applied.
+    `keep`: the trace comes from a run; when rendering fails it is saved as JSON (`kept_path`), and
+    the error says where."""
     from . import render as r
+
+    whole = trace
 
     if "module" in view:  # not a kind: an option, resolved here once; the tree takes the path
         view = dict(view, module=module_path(trace.module_paths(), view["module"]))
@@ -133,7 +172,13 @@ def output(
         else:
             data = r.render(trace, chosen, **opts)
     except r.RenderError as exc:
-        raise UsageError(str(exc)) from exc
+        if not keep:
+            raise UsageError(str(exc)) from exc
+        path = kept_path(output)
+        write(whole, path, None)
+        raise UsageError(
+            f"{exc}; the run's trace is kept in {path}: draw it with hooktrace render {path} -o PATH"
+        ) from exc
     if output is None:
         assert data is not None
         to_stdout(data if isinstance(data, bytes) or data.endswith("\n") else data + "\n")

@@ -173,7 +173,7 @@ def run_exec(
         trace, rank = result.trace, result.trace.meta.rank
         if rank is None:
             if not (quiet and output is None):
-                _output(trace, fmt, output, view, quiet)
+                _output(trace, fmt, output, view, quiet, keep=True)
         else:  # under torchrun: every rank writes its file, only rank 0 shows the trace
             if output is not None:
                 _write(trace, Path(rank_trace_path(str(output), rank)), None)

@@ -34,6 +34,7 @@ class Factory:
     func: Callable[[], Any]
     label: str  # "make()" or "Builder.make()", for messages
     path_entry: Optional[str] = None
+    script: bool = False  # its module has a __main__ guard, or NAME is `main`: likely a script
 
     def __call__(self) -> Any:
         with self.on_sys_path():
@@ -73,6 +74,28 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 def _is_file_spec(where: str) -> bool:
     return where.endswith(".py") or "/" in where or os.sep in where
+
+
+def exec_command(spec: str) -> str:
+    """The `hooktrace exec` command that runs TARGET's file or module as a script."""
+    where = spec.rpartition(":")[0] if ":" in spec and not _is_file_spec(spec.rpartition(":")[2]) else spec
+    return f"hooktrace exec {where}" if _is_file_spec(where) else f"hooktrace exec -m {where}"
+
+
+def _is_script(module: Any) -> bool:
+    """The module runs its work under `if __name__ == "__main__":` (a script, not a factory's home)."""
+    import ast
+
+    try:
+        tree = ast.parse(open(module.__file__, encoding="utf-8").read())
+    except (OSError, SyntaxError, TypeError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = [node.test.left, *node.test.comparators]
+            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in names):
+                return True
+    return False
 
 
 def _module_name_for(path: str) -> str:
@@ -247,6 +270,11 @@ def load_factory(spec: str) -> Factory:
     for i, part in enumerate(parts):
         if not hasattr(obj, part):
             owner = origin if i == 0 else ".".join(parts[:i])
+            if i == 0 and _is_script(module):
+                raise UsageError(
+                    f"this is a script: `{exec_command(where)}` (it has a __main__ guard and no "
+                    f"{part!r}; run traces a model factory: give FILE.py:NAME)"
+                )
             raise _missing_name(owner, obj, part, is_module=i == 0)
         obj = getattr(obj, part)
     if _is_module_instance(obj):
@@ -256,7 +284,8 @@ def load_factory(spec: str) -> Factory:
         )
     if not callable(obj):
         raise UsageError(f"{origin}:{name} is a {type(obj).__name__}, not callable; give a factory function")
-    return Factory(spec=f"{where}:{name}", func=obj, label=f"{name}()", path_entry=path_entry)
+    script = parts[-1] == "main" or _is_script(module)
+    return Factory(spec=f"{where}:{name}", func=obj, label=f"{name}()", path_entry=path_entry, script=script)
 
 
 def _is_module_instance(obj: Any) -> bool:

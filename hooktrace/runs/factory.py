@@ -22,7 +22,7 @@ from ..inputs import Prepared, coerce_result, compute_loss, prepare, resolve_dev
 from ..kinds import BACKWARD, FORWARD, HOOK, OPTIMIZER_PHASE
 from ..options import RunOptions, UsageError
 from ..schema import Trace
-from ..target import Factory
+from ..target import Factory, exec_command
 from .failure import describe_error, failing_event, meta_failure
 from .stop import Stopped, StopSignals
 
@@ -66,6 +66,11 @@ def _call_factory(factory: Factory) -> Any:
             "fix it (--traceback shows where)"
         ) from exc
     except SystemExit as exc:
+        if factory.script:
+            raise UsageError(
+                f"the factory {factory.label} called sys.exit({exc.code!r}): this is a script: "
+                f"`{exec_command(factory.spec)}` (run takes a factory that returns the model)"
+            ) from exc
         raise UsageError(
             f"the factory {factory.label} called sys.exit({exc.code!r}); return the model instead"
         ) from exc

@@ -19,6 +19,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ..analysis.counts import plural
 from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER, UsageError
 from ..schema import Trace
 from .failure import describe_error, failing_event
@@ -222,9 +223,12 @@ class _Window:
             return [f"traced {window}; {what}"]
         notes = []
         if self.ended < options.start:
+            registered = len(self.registrations.sites)
+            live = len(set(self.registrations.sites) - self.registrations.removed)
             notes.append(
                 f"the script {ended_by} after {self.ended} step{'s' if self.ended != 1 else ''}, before the "
-                f"window opened (--start {options.start}): nothing traced"
+                f"window opened (--start {options.start}): nothing traced; {plural(registered, 'hook')} "
+                f"registered and watched ({live} still registered), none fired in a window"
             )
         else:
             notes.append(f"the script {ended_by} inside the window: traced {window}, as far as it went")
