@@ -35,6 +35,8 @@ from capture_rows import (  # noqa: E402
     bench_transformer,
 )
 from common import Row, machine, not_measurable, table  # noqa: E402
+from peers import bench_peers  # noqa: E402
+from session_rows import _long_child, bench_empty, bench_long, bench_long_memory  # noqa: E402
 from shapes_rows import bench_shapes  # noqa: E402
 
 
@@ -465,6 +467,10 @@ BENCHES: dict[str, Callable[..., list[Row]]] = {
     "exec": bench_exec,
     "exec_in_process": bench_exec_in_process,
     "shapes": bench_shapes,
+    "peers": bench_peers,
+    "empty": bench_empty,
+    "long": bench_long,
+    "long_memory": bench_long_memory,
 }
 NEEDS_TMP = {"save_load", "cli", "exec", "exec_in_process"}
 GROUPS = {
@@ -479,6 +485,10 @@ GROUPS = {
     "exec": ("exec_untraced_steps",),
     "exec_in_process": ("exec_untraced_in_process",),
     "shapes": ("shapes_shim", "hook_heavy_shapes", "transformer_shapes"),
+    "peers": ("hook_heavy_peers", "transformer_peers"),
+    "empty": ("empty_session_10", "empty_session_1000"),
+    "long": ("hook_heavy_long_window",),
+    "long_memory": ("memory_per_event_long",),
 }
 
 
@@ -488,9 +498,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHES), help="run only these groups")
     parser.add_argument("--child", nargs=3, metavar=("VARIANT", "CALLS", "MEASURE"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--long-child", nargs=3, metavar=("VARIANT", "STEPS", "MEASURE"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_memory_child(args.child[0], int(args.child[1]), args.child[2])))
+        return 0
+    if args.long_child:
+        print(json.dumps(_long_child(args.long_child[0], int(args.long_child[1]), args.long_child[2])))
         return 0
 
     import torch

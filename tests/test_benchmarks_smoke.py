@@ -37,6 +37,12 @@ ROWS = {
     "shapes_shim",
     "hook_heavy_shapes",
     "transformer_shapes",
+    "hook_heavy_peers",
+    "transformer_peers",
+    "empty_session_10",
+    "empty_session_1000",
+    "hook_heavy_long_window",
+    "memory_per_event_long",
 }
 
 
