@@ -181,7 +181,11 @@ def test_moe_on_meta_collapses_and_a_meta_kernel_that_refuses_is_named(moe: Path
     assert "model.layers.0.mlp.gate" in tree
 
 
-def test_an_attention_mask_on_meta_is_named_with_what_to_do_instead(tmp_path: Path) -> None:
+def test_each_attention_mask_line_on_meta_gets_its_own_hint(tmp_path: Path) -> None:
+    """Issue 35, item 6: the hint matches the line that read values. A training run (gradient
+    checkpointing, so use_cache=False) without a mask stops in the packed-sequence check, where "give
+    no attention_mask" cannot help; with a mask, SDPA's skip check; eager attention plus an explicit
+    all-ones mask (what both hints say) runs."""
     path = tmp_path / "masked_llama.py"
     path.write_text(
         textwrap.dedent(
@@ -189,15 +193,27 @@ def test_an_attention_mask_on_meta_is_named_with_what_to_do_instead(tmp_path: Pa
             import torch
             from transformers import LlamaConfig, LlamaForCausalLM
 
-            def make(attn="sdpa"):
+            def make(attn="sdpa", mask=True):
                 config = LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                                     use_cache=False)
                 config._attn_implementation = attn
                 with torch.device("meta"):
                     model = LlamaForCausalLM(config)
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                model.train()
                 model.model.layers[0].register_forward_hook(lambda m, a, out: None)
                 ids = torch.zeros(1, 16, dtype=torch.long)
-                return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+                inputs = {"input_ids": ids, "labels": ids}
+                if mask:
+                    inputs["attention_mask"] = torch.ones_like(ids)
+                return model, inputs
+
+            def no_mask():
+                return make(mask=False)
+
+            def eager_no_mask():
+                return make("eager", mask=False)
 
             def eager():
                 return make("eager")
@@ -205,15 +221,25 @@ def test_an_attention_mask_on_meta_is_named_with_what_to_do_instead(tmp_path: Pa
         ),
         encoding="utf-8",
     )
+    packed = "transformers/masking_utils.py:"
     try:
+        for factory in ("no_mask", "eager_no_mask"):
+            code, _, err = invoke("run", f"{path}:{factory}", "--device", "meta")
+            assert code == 1 and "on meta, Tensor.item() needs real data (at " + packed in err, err
+            assert " in find_packed_sequence_indices " in err, err
+            assert (
+                "on meta pass an explicit all-ones attention_mask and build the model with "
+                "attn_implementation='eager'" in err
+            ), err
+            assert "give no attention_mask" not in err
         code, _, err = invoke("run", f"{path}:make", "--device", "meta")
-        assert code == 1
-        assert "on meta, Tensor.item() needs real data (at transformers/masking_utils.py:" in err
+        assert code == 1 and " in _ignore_causal_mask_sdpa " in err, err
         assert (
-            "on meta give no attention_mask (all ones), or build the model with attn_implementation='eager'"
+            "on meta build the model with attn_implementation='eager' (keep the all-ones attention_mask)"
             in err
         )
-        code, _, err = invoke("run", f"{path}:eager", "--device", "meta")  # what the hint says works
+        code, out, err = invoke("run", f"{path}:eager", "--device", "meta")  # what the hints say works
         assert code == 0, err
+        assert "recompute" in out  # checkpointing ran its recompute on meta
     finally:
         sys.modules.pop("masked_llama", None)

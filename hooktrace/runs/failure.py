@@ -50,15 +50,27 @@ def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
             where = f" at {failure.where}" if failure.where else ""
             return f"{text}; this hook needs real data, which a dry run on meta does not have ({failure.op}{where}); {SHOWN}"
         return f"{text}; this hook calls {failure.op}, which {failure.reason} on meta{at}; {SHOWN}"
-    hint = next((h for file, h in _HINTS if failure.where and failure.where.startswith(file)), None)
+    hint = next((h for place, h in _HINTS if failure.where and re.match(place, failure.where)), None)
     return f"{text}; on meta, {failure.op} {failure.reason}{at}; {hint + '; ' if hint else ''}{SHOWN}"
 
 
 SHOWN = "the hook order up to it is shown"
-# (where the model's own code read values, what a dry run can do instead)
+# (where the model's own code read values: a pattern of `file:line in function`, what a dry run can
+# do instead). Checked on transformers 5 (tests/test_meta_llama.py): with no attention_mask and no
+# cache (training, gradient checkpointing) it looks for packed sequences in position_ids; with a
+# mask, SDPA reads it to see whether the mask may be skipped; eager attention with an explicit
+# all-ones mask reads neither.
 _HINTS = (
-    ("transformers/masking_utils.py", "transformers reads attention_mask to see whether SDPA may skip it: "
-     "on meta give no attention_mask (all ones), or build the model with attn_implementation='eager'"),
+    (r"transformers/masking_utils\.py:\d+ in find_packed_sequence_indices\b",
+     "transformers looks for packed sequences in position_ids when no attention_mask is given (as in "
+     "training, use_cache=False): on meta pass an explicit all-ones attention_mask and build the model "
+     "with attn_implementation='eager'"),
+    (r"transformers/masking_utils\.py:\d+ in _ignore_causal_mask_sdpa\b",
+     "transformers' SDPA attention reads attention_mask to see whether it may skip it: on meta build the "
+     "model with attn_implementation='eager' (keep the all-ones attention_mask)"),
+    (r"transformers/masking_utils\.py",
+     "transformers read the attention mask's values: on meta use attn_implementation='eager' and an "
+     "explicit all-ones attention_mask"),
 )  # fmt: skip
 
 
