@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .inputs import Inputs, Target
 from .schema import Trace, TraceFormatError
+from .supported import UnsupportedTorch
 from .validate import load
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ __all__ = [
     "tree_text",
     "Trace",
     "TraceFormatError",
+    "UnsupportedTorch",
     "Target",
     "Inputs",
 ]

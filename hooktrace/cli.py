@@ -27,6 +27,7 @@ from .outputs import stderr_line as _stderr
 from .outputs import text_or_html as _text_or_html
 from .render import RENDERERS
 from .script_commands import rank_files_note as _rank_files_note  # noqa: F401  (tests read it here)
+from .supported import UnsupportedTorch
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
 FORMATS = tuple(RENDERERS)  # the renderer registry's names
@@ -341,6 +342,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         _stderr("error: interrupted")
         return 130
+    except UnsupportedTorch as exc:  # a torch older than 2.8, or one whose source a check refused
+        _stderr(f"error: {exc}")
+        return EXIT_USAGE
     except SystemExit as exc:  # something called sys.exit() outside a run
         return exc.code if isinstance(exc.code, int) else EXIT_DIFFERENT
     except BaseException as exc:  # a bug of ours, or of a library outside the model: one clean message

@@ -29,6 +29,10 @@ def _block(traced: bool) -> Any:
     return hooktrace.trace() if traced else nullcontext()
 
 
+@pytest.mark.skipif(
+    not hasattr(torch._C._autograd.SavedTensor, "unpack_hook"),
+    reason="torch 2.8's SavedTensor has no unpack_hook or data to read back (torch 2.9 added them)",
+)
 @pytest.mark.parametrize("traced", [False, True])
 def test_a_saved_tensor_reports_the_users_unpack_hook(traced: bool) -> None:
     L = Log()

@@ -47,7 +47,9 @@ _push_hooks: Callable[[Any, Any], None] = torch._C._autograd._push_saved_tensors
 _ORIGINAL_REGISTER = vars(autograd_function._HookMixin)["_register_hook"]
 _ORIGINAL_ENTER = vars(saved_tensors_hooks)["__enter__"]
 _SAVED_TENSOR = torch._C._autograd.SavedTensor
-_ORIGINAL_UNPACK_HOOK = vars(_SAVED_TENSOR)["unpack_hook"]
+# `SavedTensor.unpack_hook` (read back by user code) exists from torch 2.9; torch 2.8's SavedTensor
+# has only `register_hooks`, and nothing reads the pushed hook back: there is nothing to hide then.
+_ORIGINAL_UNPACK_HOOK: Optional[Any] = vars(_SAVED_TENSOR).get("unpack_hook")
 _current: Optional[Any] = None  # the capture's callbacks (session), while one is open
 
 
@@ -188,13 +190,17 @@ def _enter(self: Any) -> None:
 
 def _unpack_hook_of(saved: Any) -> Any:
     """`SavedTensor.unpack_hook`: the hook the user pushed, not the shim that autograd holds."""
-    hook = _ORIGINAL_UNPACK_HOOK.__get__(saved, type(saved))
+    hook = _ORIGINAL_UNPACK_HOOK.__get__(saved, type(saved))  # type: ignore[union-attr]
     if getattr(hook, "__code__", None) in shims.SHIM_CODES:
         return hook.__wrapped__
     return hook
 
 
-_UNPACK_HOOK = property(_unpack_hook_of, doc=_ORIGINAL_UNPACK_HOOK.__doc__)
+_UNPACK_HOOK = (
+    property(_unpack_hook_of, doc=_ORIGINAL_UNPACK_HOOK.__doc__)
+    if _ORIGINAL_UNPACK_HOOK is not None
+    else None
+)
 
 _enter.__wrapped__ = _ORIGINAL_ENTER  # type: ignore[attr-defined]
 _enter.__qualname__ = _ORIGINAL_ENTER.__qualname__
@@ -261,7 +267,8 @@ class Installed:
         try:
             self._set(autograd_function._HookMixin, "_register_hook", staticmethod(_register_hook))
             self._set(saved_tensors_hooks, "__enter__", _enter)
-            self._set(_SAVED_TENSOR, "unpack_hook", _UNPACK_HOOK)
+            if _UNPACK_HOOK is not None:
+                self._set(_SAVED_TENSOR, "unpack_hook", _UNPACK_HOOK)
             dist = getattr(torch, "distributed", None)
             original = getattr(dist, "_register_comm_hook", None) if dist is not None else None
             if original is not None:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from .. import supported
 from ..io import gc_paused
 from ..kinds import INPUT_OF, NODE, TENSOR, K
 from ..schema import Meta, Surprise, Trace
@@ -30,7 +31,9 @@ _TENSOR_KINDS = frozenset(kind for _, kind in dicts.TENSOR_DICTS)
 
 
 def check_torch() -> None:
-    """Make the rewritten copies of PyTorch's methods now: UnsupportedTorch if its source does not match."""
+    """Make the rewritten copies of PyTorch's methods now: UnsupportedTorch if this torch is older than
+    hooktrace supports or its source does not match."""
+    supported.require()
     views.copies()
     optim.copies()
 
@@ -199,6 +202,7 @@ class TraceSession:
 
     # -- install / restore ---------------------------------------------------------------
     def _install(self) -> None:
+        supported.require()
         dynamo.skip_own_frames(shims.SHIM_CODES)  # once per process; later captures find nothing new
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
         self._interceptor.install()

@@ -27,6 +27,8 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 import torch.nn.modules.module as nn_module
 
+from .. import supported
+from ..supported import UnsupportedTorch
 from . import dicts
 
 # The global hook dicts and flags, read live from PyTorch's module, not from the copies' namespace:
@@ -43,21 +45,14 @@ _CLASS_NAME = "_hooktrace_module_copies"
 _MODULE_ATTRS = frozenset({"__name__", "__spec__", "__loader__", "__package__", "__path__"})
 
 
-# The torch versions whose nn.Module / Optimizer source these rewrites were run against (pyproject
-# says the same). Another version is traced if every rewrite still applies; if one does not, the
-# capture refuses with UnsupportedTorch rather than trace half the hooks.
-SUPPORTED_TORCH = ">=2.13,<2.15"
-
-
-class UnsupportedTorch(RuntimeError):
-    """PyTorch's source does not have what the capture rewrites: nothing is traced."""
+# The torch versions whose nn.Module / Optimizer source these rewrites were run or checked against
+# (pyproject says the same; hooktrace/supported.py). Another version is traced if every rewrite still
+# applies; if one does not, the capture refuses with UnsupportedTorch rather than trace half the hooks.
+SUPPORTED_TORCH = supported.SUPPORTED_TORCH
 
 
 def unsupported(what: str) -> UnsupportedTorch:
-    return UnsupportedTorch(
-        f"hooktrace cannot trace with torch {torch.__version__}: {what}; "
-        f"hooktrace supports torch{SUPPORTED_TORCH}"
-    )
+    return supported.refusal(torch.__version__, what)
 
 
 def _source(fn: Any) -> tuple[list[str], int]:
