@@ -1,4 +1,4 @@
-"""The code layout (README "Code layout"): floors of modules, imports only point down, no circles,
+"""The code layout (CONTRIBUTING.md, "Code layout"): floors of modules, imports only point down, no circles,
 files small enough to read.
 
 Every import of a hooktrace module is counted, at the top of a file or inside a function: an
@@ -72,7 +72,7 @@ def imports() -> dict[str, set[str]]:
 def test_every_room_has_a_floor() -> None:
     rooms = {room(m) for m in imports()} | {room(module_name(p)) for p in PACKAGE.rglob("*.py")}
     assert not sorted(rooms - set(FLOOR)), (
-        "add the new module or package to FLOORS (and README's Code layout)"
+        "add the new module or package to FLOORS (and CONTRIBUTING.md's Code layout)"
     )
 
 
