@@ -133,3 +133,80 @@ def test_a_rendering_that_fails_after_the_run_keeps_the_trace(train, tmp_path, c
     assert (tmp_path / "out.svg.trace.json").read_text() == "mine"
     assert hooktrace.load(kept).hook_events()
     assert not (tmp_path / "out.svg").exists()
+
+
+SHORT = """
+import torch
+
+
+def main():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model[0].register_forward_hook(lambda m, a, o: None)
+    model[1].weight.register_hook(lambda g: None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(8):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_script_ending_inside_the_window_keeps_its_module_names(train, tmp_path, capsys):
+    (tmp_path / "short.py").write_text(SHORT)
+    assert main(["exec", "--steps", "20", "-o", "short.json", "short.py"]) == 0
+    err = capsys.readouterr().err
+    assert "inside the window after 8 steps of the 20 asked: traced steps 0-7" in err, err
+    trace = hooktrace.load(tmp_path / "short.json")
+    assert [(m.path, m.type) for m in trace.modules] == [("", "Sequential"), ("0", "Linear"), ("1", "Linear")]
+    assert {h.tensor for h in trace.hooks if h.scope == "tensor"} == {"1.weight"}
+    assert {e.module for e in trace.hook_events() if e.kind == "forward"} == {"0"}
+    assert not [s for s in trace.surprises if "outside the model" in s.message]
+
+
+BLAME = """
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.b(checkpoint(self.a, x, use_reentrant=False))
+
+
+def refuse(module, args, output):
+    if RAISE_IN_HOOK:
+        raise RuntimeError("the script's own error")
+
+
+RAISE_IN_HOOK = {in_hook}
+model = Net()
+model.a.register_forward_hook(refuse)
+loss = model(torch.randn(2, 4, requires_grad=True)).sum()
+loss.backward()
+raise RuntimeError("the script's own error")
+"""
+
+
+@pytest.mark.parametrize("in_hook", [False, True])
+def test_the_scripts_own_error_is_blamed_on_the_script(train, tmp_path, capsys, in_hook):
+    """After backward through a checkpoint (whose pack hook PyTorch stops itself), an error the script
+    raises names the script's line; the same error raised in a hook names the hook."""
+    (tmp_path / "blame.py").write_text(BLAME.replace("{in_hook}", str(in_hook)))
+    assert main(["exec", "blame.py"]) == 1
+    last = capsys.readouterr().err.rstrip().splitlines()[-1]
+    if in_hook:
+        assert last.startswith("run failed: forward hook refuse raised RuntimeError: the script's own error")
+    else:
+        assert last.startswith(
+            "run failed: the script raised RuntimeError: the script's own error at blame.py:26 in <module>"
+        )
+        assert "hook" not in last

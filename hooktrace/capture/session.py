@@ -141,6 +141,11 @@ class TraceSession:
                 if not sites.is_plumbing_hook(fn):
                     self._book.wrap_tensor_hook(d, hid, kind, variable, scope=NODE)
 
+    def live_roots(self) -> list[Any]:
+        """With no model: the live modules of the outermost calls so far. A driver holds them while
+        the capture is open, so their names outlive a script that ends inside it."""
+        return roots.of_calls(self._rec) if self._model is None else []
+
     def mark_step(self) -> None:
         """Start the next step: later events carry `step + 1`."""
         if not self._active:

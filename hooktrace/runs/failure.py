@@ -7,6 +7,7 @@ import os
 import re
 import traceback
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Optional
 
 from ..kinds import EXIT, HOOK, MODULE
@@ -25,15 +26,36 @@ def failing_event(trace: Trace, exception: Optional[BaseException] = None) -> Op
     Events whose error matches the exception that ended the run are preferred, so an exception the
     model raised and caught itself earlier does not take the blame.
     """
-    errored = [e for e in trace.events if e.error and not (e.type == EXIT and is_internal_error(e.error))]
-    if exception is not None:
+    errored = [e for e in trace.events if e.error and not is_internal_error(e.error)]
+    if exception is not None:  # only where this exception was raised or passed through
         text = f"{type(exception).__name__}: {exception}"
-        matching = [e for e in errored if e.error == text]
-        errored = matching or errored
+        errored = [e for e in errored if e.error == text and _passed_through(trace, e, exception)]
     for e in errored:
         if e.type in (HOOK, EXIT):
             return e
     return None
+
+
+def _passed_through(trace: Trace, event: Event, exception: BaseException) -> bool:
+    """A hook event is the exception's only when the exception passed through that hook: one of its
+    traceback's frames is the hook's function (same file, and its first line or its name). An
+    exception without a traceback (made, not raised) is taken at its word."""
+    if event.type != HOOK or event.hook is None or exception.__traceback__ is None:
+        return True
+    try:
+        hook = trace.hook(event.hook)
+    except KeyError:
+        return True
+    file, _, line = (hook.defined_at or "").rpartition(":")
+    name = hook.name.rsplit(".", 1)[-1]
+    tb: Optional[TracebackType] = exception.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        same_file = not file or os.path.basename(code.co_filename) == os.path.basename(file)
+        if same_file and (str(code.co_firstlineno) == line or code.co_name == name):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def describe_error(trace: Trace, exception: Optional[BaseException]) -> str:
@@ -151,6 +173,11 @@ def meta_failure(exception: BaseException) -> Optional[MetaFailure]:
         op = kernels[0].name.removeprefix("meta_")
         return MetaFailure(op, False, "was refused by its meta kernel", _caller(frames))
     return None
+
+
+def script_frame(exception: BaseException) -> Optional[str]:
+    """Where the user's code raised `exception` (or called what raised it): `file:line in function`."""
+    return _caller(traceback.extract_tb(exception.__traceback__))
 
 
 def _caller(frames: traceback.StackSummary) -> Optional[str]:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from ..analysis.counts import plural
 from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER, UsageError
 from ..schema import Trace
-from .failure import describe_error, failing_event
+from .failure import describe_error, failing_event, script_frame
 from .stop import Stopped
 
 _STEP_WORDS = {STEP_OPTIMIZER: "optimizer.step()", STEP_BACKWARD: "outermost backward()",
@@ -138,6 +138,7 @@ class _Window:
         self.result: Optional[ScriptResult] = None
         self.output_error: Optional[BaseException] = None
         self.registrations = Registrations()
+        self.held: list[Any] = []  # the roots of the window's calls, alive until it closes
         self.watch = StepWatch(options.step_on, self.step_ended)
 
     def install(self) -> None:
@@ -152,6 +153,8 @@ class _Window:
 
     def step_ended(self) -> None:
         self.ended += 1
+        if self.state == "open":  # their names must outlive a script that ends inside the window
+            self.held = self.session.live_roots()
         options = self.options
         if self.state == "before":
             if self.ended >= options.start:
@@ -185,6 +188,7 @@ class _Window:
             return self.result
         if self.state == "open":
             self.session.__exit__(None, None, None)
+            self.held = []
             self.watch.rewrap()
         elif self.state == "before":  # the script is over before the window opened: nothing to watch
             self.restore()  # (the empty trace's capture cannot open beside the registration watch)
@@ -231,7 +235,19 @@ class _Window:
                 f"registered and watched ({live} still registered), none fired in a window"
             )
         else:
-            notes.append(f"the script {ended_by} inside the window: traced {window}, as far as it went")
+            done = self.ended - options.start  # steps that ended inside the window
+            ran = f"step {options.start}" if done <= 1 else f"steps {options.start}-{self.ended - 1}"
+            ran += (
+                f" and step {self.ended}, as far as it went"
+                if 0 < done and ended_by.startswith("raised")
+                else ""
+            )
+            if done <= 0:
+                ran += ", as far as it went"
+            notes.append(
+                f"the script {ended_by} inside the window after {plural(done, 'step')} of the {options.steps} "
+                f"asked: traced {ran} (a step ends at each {words})"
+            )
         ended = ended_by in ("ended", "exited with code 0")
         if self.ended == 0 and ended and options.step_on == STEP_OPTIMIZER:
             notes.append(
@@ -363,5 +379,7 @@ def run_script(
         if failing_event(result.trace, exception) is not None:
             result.error = describe_error(result.trace, exception)
         else:
-            result.error = f"the script raised {type(exception).__name__}: {exception}"
+            where = script_frame(exception)
+            at = f" at {where}" if where else ""
+            result.error = f"the script raised {type(exception).__name__}: {exception}{at}"
     return result
