@@ -181,11 +181,13 @@ def ordered(records: dict[int, Record], order: list[int]) -> list[Record]:
     return out
 
 
+_hook_values = itemgetter(*_HOOK_FIELDS)
+
+
 def to_hook(r: Record) -> Hook:
     """The record's Hook fields as they are (a Record is a Hook), without the dataclass __init__."""
     hook = object.__new__(Hook)
-    values = r.__dict__
-    hook.__dict__.update({name: values[name] for name in _HOOK_FIELDS})
+    hook.__dict__.update(zip(_HOOK_FIELDS, _hook_values(r.__dict__)))
     return hook
 
 

@@ -110,7 +110,9 @@ def hook_dicts_in(modules: list[Any]) -> Iterator[HookDict]:
         except KeyError:  # a module whose __init__ did not make every dict
             found = tuple(md.get(attr) for attr in _MODULE_ATTRS)
         if any(found):
-            yield from module_dicts(module)
+            for attr, d in zip(_MODULE_ATTRS, found):
+                if d:
+                    yield HookDict(d, kind_of(attr, module), module, MODULE)
         held = md.get("_parameters")
         if held:
             for param in held.values():

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..kinds import TENSOR
+from ..kinds import MODULE, TENSOR
 from ..schema import Meta, Module
 from . import build, dicts, roots, shims
 from .records import HookBook
@@ -87,6 +87,12 @@ def _settle(
     final.seen.add(id(d))
     if scope == TENSOR:
         book.unwrap(d)
+    elif scope == MODULE:
+        known = book.unchanged_ids(d, owner)
+        if known is not None:  # as its last view saw it: every hook has its record
+            final.order.extend(known)
+            book.infer_prepends(d)
+            return
     for hid, fn in [*d.items()]:  # one read: other threads may still register or remove
         record = book.record(d, hid, fn, kind, owner, scope)
         if tensor is not None and record.tensor_ref is None:

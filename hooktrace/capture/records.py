@@ -70,6 +70,7 @@ class HookBook:
         self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner's Who, scope)
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
         self._synthetic = ids.synthetic_ids()
+        self._named: dict[int, tuple[Any, str, Optional[str]]] = {}  # id(hook) -> (hook, name, defined_at)
         # (module's key, id(forward)) -> (forward, shim)
         self._wrappers: dict[tuple[int, int], tuple[Any, Any]] = {}
         # id(saved_tensors_hooks object) -> (weakref or object, pack shim, unpack shim)
@@ -95,15 +96,22 @@ class HookBook:
 
     def _new_record(self, tid: int, hid: int, fn: Any, kind: str, owner: Any, scope: str) -> Record:
         with_kwargs, always_call = dicts.module_flags(owner, kind, hid) if scope != TENSOR else (False, False)
+        if kind == K.forward_wrapper:
+            name, defined_at = sites.forward_wrapper_name(fn), sites.forward_wrapper_defined_at(fn)
+        elif scope not in (MODULE, GLOBAL):  # not kept here: a tensor's hook may die with it
+            name, defined_at = sites.hook_name(fn), sites.defined_at(fn)
+        else:  # one function registered on many modules is named once per capture (their dicts hold it)
+            named = self._named.get(id(fn))
+            if named is None or named[0] is not fn:
+                named = self._named[id(fn)] = (fn, sites.hook_name(fn), sites.defined_at(fn))
+            name, defined_at = named[1], named[2]
         record = Record(
             id=tid,
             kind=kind,
             scope=scope,
             owner=None if owner is None else self.rec.who(owner),  # not the module: it may die
-            name=sites.forward_wrapper_name(fn) if kind == K.forward_wrapper else sites.hook_name(fn),
-            defined_at=sites.forward_wrapper_defined_at(fn)
-            if kind == K.forward_wrapper
-            else sites.defined_at(fn),
+            name=name,
+            defined_at=defined_at,
             with_kwargs=with_kwargs,
             always_call=always_call,
         )
@@ -155,6 +163,18 @@ class HookBook:
         if last is not None and last[0] == state:
             return last[1]
         return self._make_view(d, owner, state, lambda: dicts.kind_of(attr, owner))
+
+    def unchanged_ids(self, d: dict, owner: Any) -> Optional[list[int]]:
+        """The trace ids of `d`'s hooks, in order, when `d` holds what its last view was made from
+        (the same keys and hook objects: each has its record); else None."""
+        last = self._last_views.get((id(d), id(owner)))
+        if last is None or last[0] != _state(d):
+            return None
+        known, key = self._ids, id(d)
+        try:
+            return [known[(key, hid)] for hid in last[1]]
+        except KeyError:
+            return None
 
     def prewarm(self, d: dict, owner: Any, kind: str) -> None:
         """Make the view of a dict the capture starts with, so its first read inside the block is a hit.
@@ -297,6 +317,7 @@ class HookBook:
 
     def clear(self) -> None:
         self.records.clear()
+        self._named.clear()
         self.sites.clear()
         self._ids.clear()
         self._first_dict.clear()
