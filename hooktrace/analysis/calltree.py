@@ -26,7 +26,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Iterator, Optional, Union
 
-from ..kinds import BACKWARD, BACKWARD_CALL_KINDS, CLOSING_KINDS, ENTER, EXIT, HOOK, SAVED_TENSORS_KINDS, K
+from ..kinds import (
+    BACKWARD,
+    BACKWARD_CALL_KINDS,
+    CLOSING_KINDS,
+    ENTER,
+    EXIT,
+    HOOK,
+    RECOMPUTE,
+    SAVED_TENSORS_KINDS,
+    K,
+)
 from ..schema import Event, Hook, Trace
 from .calls import Call, in_order, pair
 
@@ -366,6 +376,9 @@ class _Shapes:
         here = node.module if node.kind in ("call", "group") else None
         if not self.expand:
             _summarise_saved(node)
+        if node.kind == "phase" and node.phase == RECOMPUTE and not self.expand:
+            for group in _by_checkpointed_module(node):
+                self._finish_one(group)
         kept: list[Union[Node, Leaf]] = []
         parts: list[Any] = []
         hooks = 0
@@ -395,6 +408,44 @@ class _Shapes:
         mtype = self.types.get(node.module) if node.module is not None else None
         phase = node.phase if node.kind == "phase" else None
         node.sig = self.intern((node.kind, phase, mtype, node.error, tuple(parts)))
+
+
+def _parent_path(path: Optional[str]) -> Optional[str]:
+    return path.rsplit(".", 1)[0] if path and "." in path else None
+
+
+def _by_checkpointed_module(phase: Node) -> list[Node]:
+    """A recompute re-runs a checkpointed module's forward without calling the module itself, so its
+    submodules' calls sit side by side in the phase (24 layers: 96 calls in a row). Consecutive calls
+    of submodules of one module become one `group` of that module, so the groups of numbered layers
+    compare equal and fold as the forward's layers do. Only where this makes two groups or more."""
+    out: list[Union[Node, Leaf]] = []
+    groups: list[Node] = []
+    current: Optional[Node] = None
+    for c in phase.children:
+        parent = _parent_path(c.module) if type(c) is Node and c.kind == "call" else None
+        if current is not None and (parent == current.module or (parent is None and type(c) is not Node)):
+            current.children.append(c)
+            current.last_seq = max(
+                current.last_seq, c.last_seq if isinstance(c, (Node, SavedTensors)) else c.seq
+            )
+            continue
+        if parent is None:
+            current = None
+            out.append(c)
+            continue
+        assert type(c) is Node
+        current = Node.__new__(Node)
+        for name in Node.__slots__:
+            setattr(current, name, getattr(c, name))
+        current.kind, current.module, current.children = "group", parent, [c]
+        current.duration_ns, current.error, current.opened, current.closing = 0, None, False, False
+        groups.append(current)
+        out.append(current)
+    if len(groups) < 2:
+        return []
+    phase.children = out
+    return groups
 
 
 def _distinct(events: list[Event]) -> list[Event]:

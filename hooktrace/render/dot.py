@@ -23,6 +23,7 @@ import graphviz
 from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
+from ..analysis.hiding import hidden_of
 from ..kinds import BACKWARD, FORWARD, OPTIMIZER_PHASE, OTHER, RECOMPUTE, TABLE, K
 from ..kinds import FAMILIES as KIND_FAMILIES
 from ..kinds import GLOBAL as GLOBAL_SCOPE
@@ -282,7 +283,7 @@ class _Emitter:
             (GLOBAL_SCOPE, (GLOBAL_SCOPE, "global module hook (every module)"), GLOBAL),
             ("error", ("error", "the hook or module raised"), ERROR),
             ("stopped", ("stopped by PyTorch", "its own caught exception"), STOPPED),
-            ("group", ("dashed box", "a module's hooks in backward"),
+            ("group", ("dashed box", "a module's hooks in backward, or its recompute"),
              {"style": "rounded,dashed", "fillcolor": "white"}),
             ("more", ("×N more", "identical blocks collapsed"), MORE),
         ]  # fmt: skip
@@ -325,10 +326,14 @@ def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:
         title += f" · surprises: {', '.join(dict.fromkeys(s.rule for s in em.surprises))}"
     if em.info:
         title += f" · +{em.info} info surprise{'s' if em.info != 1 else ''} about library hooks"
+    left_out = hidden_of(trace)
+    if left_out is not None:
+        title += f" · {left_out.phrase()}"
 
     g = graphviz.Digraph("hooktrace")
+    # the heading at the top left: on screen where a browser opens a wide picture
     g.attr(fontname=FONT, fontsize="12", rankdir="TB", newrank="true", nodesep="0.25", ranksep="0.35",
-           labelloc="t")  # fmt: skip
+           labelloc="t", labeljust="l")  # fmt: skip
     g.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="10", margin="0.08,0.04")
     g.attr("edge", color="#616161", arrowsize="0.6")
     if not tree.steps:
@@ -397,7 +402,10 @@ def _wrapped(text: str, width: int = 120) -> str:
 def _heading(title: str, cells: list[str], surprises: list[str] = (), per_row: int = 2) -> str:  # type: ignore[assignment]
     """The graph's label: the title, the surprises explained, and the legend (the graph label takes
     no rank, so none of it can stretch the drawing)."""
-    rows = [f'<TR><TD COLSPAN="{2 * per_row}" BORDER="0"><B>{html.escape(_esc_html(title))}</B></TD></TR>']
+    # the title wrapped as the surprises are: one long line made the picture wider than a screen
+    rows = [
+        f'<TR><TD COLSPAN="{2 * per_row}" BORDER="0" ALIGN="LEFT"><B>{_wrapped(title, 100)}</B></TD></TR>'
+    ]
     for line in surprises:
         rows.append(
             f'<TR><TD COLSPAN="{2 * per_row}" BORDER="1" COLOR="#b7791f" BGCOLOR="#fff6e0" ALIGN="LEFT">'
