@@ -323,6 +323,8 @@ def test_ddp_comm_hook_before_or_inside_traced_and_the_users_own_after(gloo_one_
     trace = t.trace
     [comm] = [h for h in trace.hooks if h.kind == "comm"]
     assert comm.module == "" and (comm.registered_at is None) == (registered == "before")
+    # named by the hook's own code, not by hooktrace's trampoline that stands for it in the block
+    assert comm.defined_at == f"tests/test_capture_wrappers.py:{code_before.co_firstlineno}", comm.defined_at
     names = {h.id: h.name for h in trace.hooks}
     traced = ["comm" if e.hook == comm.id else names[e.hook][len("hook_") :] for e in trace.hook_events()]
     assert traced == L.log and L.log.count("comm") == 1  # the order the hooks recorded

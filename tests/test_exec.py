@@ -304,3 +304,32 @@ def test_check_quiet_says_nothing_when_equal_even_with_notes(exec_in, tmp_path):
     assert code == 0 and "note:" in err, err  # the oracle: this script has notes
     code, out, err, _log = exec_in("--check", str(golden), "-q", str(tmp_path / "fwd.py"))
     assert (code, out, err) == (0, "", ""), err
+
+
+def test_a_ddp_comm_hook_is_named_by_its_own_code(exec_in, tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    out_path = tmp_path / "ddp.json"
+    code, out, err, log = exec_in("--steps", "50", "-o", str(out_path), "ddp.py", "--steps", "2")
+    assert code == 0, err
+    trace = hooktrace.load(tmp_path / "ddp.rank0.json")
+    assert _traced(trace) == _logged(Path(f"{log}.rank0"), 0, 99)  # the order the hooks recorded
+    [comm] = [h for h in trace.hooks if h.kind == "comm"]
+    line = next(
+        i
+        for i, t in enumerate((SCRIPTS / "ddp.py").read_text().splitlines(), 1)
+        if "def allreduce_logged" in t
+    )
+    # the hook's own file and line, not hooktrace's trampoline (`<hooktrace-comm>:2`)
+    assert (comm.name, comm.defined_at, comm.registered_at) == (
+        "allreduce_logged",
+        f"ddp.py:{line}",
+        "ddp.py:46",
+    )

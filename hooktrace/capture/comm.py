@@ -24,10 +24,11 @@ import types
 from collections.abc import Iterable
 from typing import Any, Callable, Optional
 
+from . import sites
 from .dynamo import skip_frame_calling_user_code
 
 _PLACEHOLDER = 918_273_645_546_372_819  # the constant the trampoline's code holds the copy in
-_lock = threading.Lock()
+_lock = threading.RLock()  # defined_at reads the swaps while trace_hook makes a shim
 
 
 class _Entry:
@@ -130,6 +131,18 @@ def trace_hook(hook: Any, make_shim: Callable[[Callable[..., Any]], Callable[...
         # partial's arguments included)
         swap.entries.append(_Entry(bound_self, make_shim(swap.copy)))
     return True
+
+
+def defined_at(hook: Any) -> Optional[str]:
+    """`file:line` of `hook` as `sites.defined_at` tells it, its function's own code read even while
+    the trampoline stands in for it (a hook registered before or inside the block is swapped first)."""
+    where = sites.defined_at(hook)
+    function, _ = _target(hook)
+    if function is None or where is None or not where.startswith("<hooktrace-comm>"):
+        return where
+    with _lock:
+        swap = next((s for s in _swaps.values() if s.function is function), None)
+    return sites.code_defined_at(swap.code) if swap is not None else where
 
 
 def restore() -> None:

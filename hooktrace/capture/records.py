@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 from .. import ids
 from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
 from ..kinds import GLOBAL, MODULE, SAVED_TENSORS, TENSOR, K
-from . import dicts, shims, sites
+from . import comm, dicts, shims, sites
 from .build import Record
 from .tensors import weak
 
@@ -281,6 +281,7 @@ class HookBook:
     def comm_shim(self, ddp: Any, hook: Any, site: Optional[Site], call: Any) -> Any:
         """The recording shim that the DDP reducer calls instead of `hook`."""
         record = self._synthetic_record(hook, K.comm, ddp, MODULE, site)
+        record.defined_at = comm.defined_at(hook)  # its own code, not the trampoline standing for it
         return shims.make_shim(self.rec, call, record.id, K.comm, ddp, False)
 
     def untraceable(self, fn: Any, kind: str, owner: Any, name: str) -> None:

@@ -259,6 +259,11 @@ def forward_wrapper_defined_at(fn: Any) -> Optional[str]:
     return _where(code) if code is not None else None
 
 
+def code_defined_at(code: Any) -> str:
+    """`file:line` of a code object, as `defined_at` gives it."""
+    return _where(code)
+
+
 def _where(code: Any) -> str:
     cell = notebook_cell(code.co_filename)
     if cell is not None:
