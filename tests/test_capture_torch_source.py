@@ -126,6 +126,32 @@ def test_the_source_as_installed_passes_every_check(fresh_copies):
     assert seen == [1] and [e.type for e in t.trace.events] == ["enter", "hook", "exit"]
 
 
+def _tracing_test_of_torch_2_15(name: str, lines: list[str]) -> list[str]:
+    # torch 2.15's `_call_impl` tests `torch._C._is_tracing()` where 2.8 to 2.14 test `_get_tracing_state()`
+    old = "torch._C._get_tracing_state() else self.forward"
+    return [line.replace(old, "torch._C._is_tracing() else self.forward") for line in lines]
+
+
+def test_torch_2_15s_call_impl_is_rewritten_and_an_instance_forward_traced(fresh_copies):
+    fresh_copies(_tracing_test_of_torch_2_15)
+    assert "torch._C._is_tracing() else" in "".join(views._source(nn.Module._call_impl)[0])
+    m = nn.Linear(2, 2)
+    ran = []
+
+    def own_forward(x: torch.Tensor) -> torch.Tensor:  # set on the instance: traced through the rewrite
+        ran.append("forward")
+        return x
+
+    m.forward = own_forward
+    m.register_forward_hook(lambda *a: ran.append("hook"))
+    with hooktrace.trace(m) as t:
+        m(torch.ones(2))
+    assert ran == ["forward", "hook"]
+    # the instance's forward is traced (a forward wrapper), then the hook
+    assert [e.type for e in t.trace.events] == ["enter", "hook", "hook", "exit"]
+    assert "own_forward" in t.trace.hook(next(t.trace.hook_events()).hook).name
+
+
 def test_cli_says_one_error_line_and_exits_2(
     fresh_copies, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):

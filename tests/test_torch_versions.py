@@ -20,7 +20,7 @@ import hooktrace
 from hooktrace import supported
 from hooktrace.cli import main
 
-from .test_cli import write
+from .test_cli import ROOT, write
 
 MODEL = "import torch\n\ndef make():\n    return torch.nn.Linear(2, 2), torch.ones(1, 2)\n"
 
@@ -151,3 +151,89 @@ def test_saved_tensor_hooks_are_traced_where_saved_tensors_have_no_unpack_hook(t
         done.stdout.split("\n")[0]
         == "['pack', 'pack', 'unpack', 'unpack'] ['pack', 'pack', 'unpack', 'unpack'] 4.0"
     )
+
+
+CHECKER = ROOT / "scripts" / "check_torch_source.py"
+
+
+def _check_source(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(CHECKER), str(root)], capture_output=True, text=True, timeout=300
+    )
+
+
+def _copy_of_torch_sources(tmp_path: Path) -> Path:
+    # only the files the checker reads, as a fetched checkout would hold them
+    installed = Path(torch.__file__).parent.parent
+    root = tmp_path / "src"
+    for rel in sorted({rel for rel, _ in _checker_names()}):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text((installed / rel).read_text(encoding="utf-8"), encoding="utf-8")
+    return root
+
+
+def _checker_names() -> list[tuple[str, str]]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_torch_source", CHECKER)
+    assert spec is not None and spec.loader is not None
+    checker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checker)
+    return [*checker.NAMES, *checker.ATTRS]
+
+
+def test_the_source_checker_passes_on_the_installed_torchs_sources(tmp_path: Path) -> None:
+    done = _check_source(_copy_of_torch_sources(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok   nn.Module's hook-dict reads rewritten" in done.stdout
+    assert "ok   Optimizer's hook-dict reads and step wrapper rewritten" in done.stdout
+    assert done.stdout.splitlines()[-1].endswith(" passed, 0 failed")
+
+
+@pytest.mark.parametrize(
+    "rel, old, new, words",
+    [
+        (
+            "torch/nn/modules/module.py",
+            "self._forward_hooks.items()",
+            "dict(self._forward_hooks).items()",
+            "FAIL nn.Module's hook-dict reads rewritten",
+        ),
+        (
+            "torch/optim/optimizer.py",
+            "record_function(profile_name)",
+            "record_function(name=profile_name)",
+            "FAIL Optimizer's hook-dict reads and step wrapper rewritten",
+        ),
+        (
+            "torch/utils/hooks.py",
+            "def setup_output_hook(",
+            "def setup_outputs_hook(",
+            "FAIL torch/utils/hooks.py defines BackwardHook.setup_output_hook",
+        ),
+    ],
+    ids=["module-read", "optimizer-edit", "patched-name"],
+)
+def test_the_source_checker_fails_where_a_rewrite_or_a_name_does_not_match(
+    tmp_path: Path, rel: str, old: str, new: str, words: str
+) -> None:
+    root = _copy_of_torch_sources(tmp_path)
+    path = root / rel
+    text = path.read_text(encoding="utf-8")
+    assert old in text  # still true of the torch this runs on
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    done = _check_source(root)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert words in done.stdout
+    assert done.stdout.splitlines()[-1].endswith(" passed, 1 failed")
+
+
+def test_the_source_checker_says_its_usage_on_a_folder_without_torch(tmp_path: Path) -> None:
+    done = _check_source(tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("error: usage:")
+
+
+def test_the_package_range_and_the_refusal_say_the_same_versions() -> None:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"torch>=2.8,<2.16"' in text
+    assert supported.SUPPORTED_TORCH == "2.8–2.15" and supported.OLDEST == (2, 8)

@@ -250,8 +250,9 @@ class _Copies:
 
 
 # `self.forward` in `_call_impl`'s `forward_call = (...)`: a forward set on the instance is traced.
+# (torch 2.8 to 2.14 test `torch._C._get_tracing_state()` there, torch 2.15 `torch._C._is_tracing()`.)
 _FORWARD_READ = (
-    re.compile(r"(_get_tracing_state\(\) else )self\.forward\b"),
+    re.compile(r"((?:_get_tracing_state|_is_tracing)\(\) else )self\.forward\b"),
     r'\1(_hooktrace_forward(self) if "forward" in self.__dict__ else self.forward)',
 )
 
