@@ -190,7 +190,7 @@ OPTIONS: dict[str, Flag] = {
 }  # fmt: skip
 VIEW_FLAGS = {
     name: OPTIONS[name].names[0]
-    for name in ("depth", "module", "phase", "expand", "all_surprises", "hide_library", "hide")
+    for name in ("depth", "module", "phase", "expand", "all_surprises", "hide_library", "hide")  # not a kind
 }
 
 
