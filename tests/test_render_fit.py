@@ -67,3 +67,12 @@ def test_the_dot_picture_folds_the_recompute_and_wraps_its_heading() -> None:
     assert "labeljust=l" in dot
     title = re.search(r"<B>(.*?)</B>", dot, re.S)
     assert title is not None and all(len(line) <= 100 for line in re.split(r"<BR[^>]*>", title[1]))
+
+
+def test_the_notebook_shows_the_report_once() -> None:
+    from hooktrace.render.notebook import trace_html
+
+    page = trace_html(traced(2))
+    assert page.count("<iframe") == 1
+    before_tree = page[: page.index("<pre")]
+    assert before_tree.rstrip().endswith("<details><summary>the tree as text</summary>"), "the text tree folded"

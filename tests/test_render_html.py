@@ -257,7 +257,7 @@ def test_search_filters_the_tree(driver: Any, tmp_path: Path) -> None:
     browser.open_page(driver, _page(tmp_path, "r.html", render(two_layer(), "html")))
     driver.find_element("id", "search").send_keys("grad_fc1")
     WebDriverWait(driver, 10).until(
-        lambda d: "1 matching hook events" in d.find_element("css selector", ".count").text
+        lambda d: "1 matching hook call" in d.find_element("css selector", ".count").text
     )
     hooks = [r for r in _rows(driver) if r.lstrip("▸▾").startswith("#")]
     assert len(hooks) == 1 and "grad_fc1" in hooks[0]
@@ -363,7 +363,7 @@ def test_a_100k_event_trace_loads_scrolls_and_filters(driver: Any, tmp_path: Pat
     WebDriverWait(driver, 30).until(lambda d: any(f"#{last} " in r for r in _rows(d)))
     driver.find_element("id", "search").send_keys("layers.20.sub5")
     WebDriverWait(driver, 30).until(
-        lambda d: "matching hook events" in d.find_element("css selector", ".count").text
+        lambda d: "matching hook call" in d.find_element("css selector", ".count").text
     )
     count = int(driver.find_element("css selector", ".count").text.split()[0])
     expected = sum(1 for e in trace.events if e.type == "hook" and e.module == "layers.20.sub5")

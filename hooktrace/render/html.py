@@ -26,6 +26,8 @@ import orjson
 from ..analysis import calltree as ct
 from ..analysis.calls import calls
 from ..analysis.calltree import Node, SavedTensors
+from ..analysis.counts import count
+from ..analysis.hiding import hidden_of
 from ..io import gc_paused
 from ..kinds import (
     BACKWARD,
@@ -227,6 +229,9 @@ def trace_data(trace: Trace, label: str = "", marks: Iterable[int] = (), note: s
         "calls": spans,
         "marks": sorted(set(marks)),
         "times": times_note(trace.meta),  # what the times include, or null
+        # the counts in the words of every other rendering (analysis/counts.py), and what was hidden
+        "counts": count(trace).phrase(),
+        "hidden": left_out.phrase() if (left_out := hidden_of(trace)) is not None else None,
         "dry_run": DRY_RUN_NOTE if trace.meta.dry_run else None,
     }
 

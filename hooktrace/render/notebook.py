@@ -1,8 +1,8 @@
 """The notebook display: a trace (or the `with hooktrace.trace(...) as t` session) shown as HTML.
 
 The interactive HTML report (render/html.py) comes first, in a sandboxed iframe; then the tree, as
-HTML with its colours (rich's own export, no Graphviz needed; what shows where iframes are
-stripped); then the SVG graph when Graphviz's `dot` is installed. `register(ip)` tells IPython to use this for
+HTML with its colours (rich's own export, no Graphviz needed), folded in a `<details>` when the
+report is there (the report shows once; the text is for viewers that strip iframes); then the SVG graph when Graphviz's `dot` is installed. `register(ip)` tells IPython to use this for
 `Trace` and `TraceSession` objects by their dotted names, so nothing here imports torch and the data
 model never imports a renderer: `hooktrace/__init__.py` calls it when IPython is already running.
 """
@@ -89,7 +89,10 @@ def trace_html(trace: Trace) -> str:
             "interactive report in a notebook; write it with <code>render(trace, 'html')</code> "
             "to a file instead.</p>"
         )
-    parts.append(tree_html(trace))
+    if report is not None:  # the report once: the text tree folded, for viewers that strip iframes
+        parts.append(f"<details><summary>the tree as text</summary>{tree_html(trace)}</details>")
+    else:
+        parts.append(tree_html(trace))
     graph = svg_html(trace)
     if graph is not None:
         parts.append(f"<details><summary>graph (Graphviz)</summary>{graph}</details>")

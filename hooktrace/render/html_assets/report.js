@@ -39,9 +39,18 @@
     if (text !== undefined && text !== null) e.textContent = text;
     return e;
   }
+  // surprise text: `names` between backticks shown as code (as text nodes: never parsed as markup)
+  function withCode(parent, text) {
+    String(text === null || text === undefined ? "" : text).split("`").forEach((part, i) => {
+      if (i % 2) parent.appendChild(el("code", "", S(part)));
+      else if (part) parent.appendChild(document.createTextNode(S(part)));
+    });
+    return parent;
+  }
   function span(parent, cls, text) { const e = el("span", cls, text); parent.appendChild(e); return e; }
   function plural(n, w) { return n + " " + (n === 1 ? w : w + "s"); }
   function fmtNs(ns) {
+    if (ns < 0) return "-" + fmtNs(-ns);
     if (ns < 1e3) return Math.round(ns) + "ns";
     if (ns < 1e6) return (ns / 1e3).toFixed(1) + "µs";
     if (ns < 1e9) return (ns / 1e6).toFixed(2) + "ms";
@@ -53,6 +62,7 @@
   function Model(view) {
     const doc = view.trace;
     this.label = view.label; this.note = view.note; this.times = view.times; this.meta = doc.meta || {}; this.dryRun = view.dry_run || "";
+    this.counts = view.counts || ""; this.hidden = view.hidden || "";
     this.modules = doc.modules || []; this.hooks = doc.hooks || []; this.surprises = doc.surprises || [];
     this.types = new Map(this.modules.map((m) => [m.path, m.type]));
     this.hookById = new Map(this.hooks.map((h) => [h.id, h]));
@@ -169,12 +179,14 @@
     span(head, "plabel", S(m.label));
     if (m.note) span(head, "pnote", S(m.note));
     const nh = m.hookRows[m.nrows];
-    span(head, "pnote", plural(nh, "hook event") + " · " + plural(m.n, "event"));
+    // the counts every rendering gives, in the same words (hook calls, module calls)
+    span(head, "pnote", m.counts ? S(m.counts) : plural(nh, "hook call"));
+    if (m.hidden) span(head, "pnote", S(m.hidden));
     span(head, "spacer");
     if (this.markRows.length) {
       const ranks = this.app.data.mode === "ranks";
       const b = el("button", "btn", (ranks ? "divergence" : "next difference") + " (" + this.markRows.length + ")");
-      b.title = "Jump to the next hook event marked in red";
+      b.title = "Jump to the next hook call marked in red";
       b.addEventListener("click", () => this.nextMark());
       head.appendChild(b);
     }
@@ -206,6 +218,16 @@
       requestAnimationFrame(() => { pending = false; this.draw(); });
     });
     this.tree.addEventListener("click", (ev) => this.onClick(ev));
+    // only the rows in view are drawn: draw again when the tree's box grows (a larger window)
+    let lastH = 0;
+    const grown = () => {
+      const h = this.tree.clientHeight;
+      if (h === lastH || pending) return;
+      lastH = h; pending = true;
+      requestAnimationFrame(() => { pending = false; this.draw(); });
+    };
+    if (window.ResizeObserver) new ResizeObserver(grown).observe(this.tree);
+    window.addEventListener("resize", grown);
     host.appendChild(pane);
     this.el = pane;
   };
@@ -263,7 +285,7 @@
       row.classList.add("phase");
       const p = m.strings[r.extra[i]];
       span(row, "", S(WORDS.title(p)));
-      span(row, "dim", "  " + plural(m.hookRows[r.end[i]] - m.hookRows[i], "hook event"));
+      span(row, "dim", "  " + plural(m.hookRows[r.end[i]] - m.hookRows[i], "hook call"));
     } else if (t === ROW.STEP) {
       row.classList.add("step");
       span(row, "", "step " + r.extra[i]);
@@ -289,7 +311,7 @@
       const a = modName(m.rowModule(i + 1)), b = modName(m.rowModule(last));
       span(row, "", "×" + n + " more with the same order");
       const hooks = m.hookRows[r.end[i]] - m.hookRows[i];
-      span(row, "sum", " (" + (a === b ? a : a + " … " + b) + ", #" + r.first[i] + "–#" + r.last[i] + ", " + plural(hooks, "hook event") + ")");
+      span(row, "sum", " (" + (a === b ? a : a + " … " + b) + ", #" + r.first[i] + "–#" + r.last[i] + ", " + plural(hooks, "hook call") + ")");
     }
     if (this.hasMark[i] & 2) row.classList.add("mark");
     else if (this.hasMark[i] && col[i]) span(row, "dot").title = "differences inside";
@@ -313,7 +335,7 @@
     if (m.dur[ei]) span(row, "dim", "  " + fmtNs(m.dur[ei]));
     if (h && h.defined_at) span(row, "dim", "  " + m.location(h.defined_at));
     if (m.error[ei] !== null && m.error[ei] !== undefined) {
-      if (stoppedByPyTorch(m.error[ei])) span(row, "stopped", "  stopped by PyTorch: " + S(m.error[ei]));
+      if (stoppedByPyTorch(m.error[ei])) span(row, "stopped", "  stopped by PyTorch: " + S(String(m.error[ei]).replace(/[:\s]+$/, "")));
       else span(row, "err", "  error: " + S(m.error[ei]));
     }
     if (m.shapes[ei] !== null && m.shapes[ei] !== undefined) { span(row, "shapes", "  " + S(m.shapes[ei])); row.title = S(m.shapes[ei]); }
@@ -429,6 +451,7 @@
       if (label === "time") this.modeButton = b;
     }
     host.appendChild(tools);
+    this.tools = tools;
     this.tip = el("div", "tip"); document.body.appendChild(this.tip);
     this.index(autoMode(m));
     this.bind();
@@ -524,6 +547,17 @@
     if (nw < w || a < this.v0 || b > this.v1) { this.v0 = c - nw / 2; this.v1 = c + nw / 2; }
     this.draw();
   };
+  // the x axis: ticks at least ~90 px apart (their labels never run into each other in a narrow
+  // pane), none before the first event (nothing happened there; a focus may show room before it)
+  Timeline.prototype.ticks = function () {
+    const W = this.w || this.host.clientWidth || 800, out = [];
+    const span = this.v1 - this.v0, stepNs = Math.max(niceStep(span / Math.max(2, Math.floor(W / 90))), this.mode === "order" ? 1 : 0);
+    const base = this.mode === "order" ? 0 : this.t0;
+    for (let t = Math.max(0, Math.ceil((this.v0 - base) / stepNs)) * stepNs + base; t < this.v1; t += stepNs) {
+      out.push({ x: this.x(t), label: this.mode === "order" ? "#" + Math.round(t) : fmtNs(t - this.t0) });
+    }
+    return out;
+  };
   Timeline.prototype.x = function (t) { return (t - this.v0) / (this.v1 - this.v0) * this.w; };
   Timeline.prototype.t = function (x) { return this.v0 + x / this.w * (this.v1 - this.v0); };
   Timeline.prototype.bind = function () {
@@ -601,6 +635,8 @@
     g.font = "10.5px system-ui, sans-serif";
     const m = this.m, pane = this.pane;
     // phase bands
+    const toolsW = this.tools ? this.tools.offsetWidth + 12 : 0;
+    this.labels = [];  // the band labels drawn (read by the tests)
     const bandPx = {};  // phase -> the last pixel column a narrow band of it filled
     for (const b of this.bands) {
       const x0 = this.x(b.a), x1 = this.x(b.b);
@@ -612,18 +648,21 @@
       }
       g.fillStyle = WORDS.band(b.phase);
       g.fillRect(x0, 0, Math.max(1, x1 - x0), H);
-      if (x1 - x0 > 40) { g.fillStyle = "#6b7480"; g.fillText(S(b.phase) + (this.multiStep() ? " · step " + b.step : ""), Math.max(x0, 0) + 4, 11); }
+      // the band's label only where it fits whole: inside its band, left of the zoom buttons
+      const room = Math.min(x1, W - toolsW) - Math.max(x0, 0) - 8;
+      const long = S(b.phase) + (this.multiStep() ? " · step " + b.step : ""), short = S(b.phase);
+      const label = g.measureText(long).width <= room ? long : (g.measureText(short).width <= room ? short : "");
+      if (label) {
+        g.fillStyle = "#6b7480"; g.fillText(label, Math.max(x0, 0) + 4, 11);
+        this.labels.push({ x: Math.max(x0, 0) + 4, w: g.measureText(label).width, text: label, right: W - toolsW });
+      }
     }
     // time axis
     g.fillStyle = "#8a929c"; g.strokeStyle = "rgba(0,0,0,0.06)";
-    // ticks at least ~90 px apart, so their labels never run into each other in a narrow pane
-    const span = this.v1 - this.v0, stepNs = Math.max(niceStep(span / Math.max(2, Math.floor(W / 90))), this.mode === "order" ? 1 : 0);
     if (this.modeButton) this.modeButton.textContent = this.mode === "order" ? "x: order" : "x: time";
-    const base = this.mode === "order" ? 0 : this.t0;
-    for (let t = Math.ceil((this.v0 - base) / stepNs) * stepNs + base; t < this.v1; t += stepNs) {
-      const x = this.x(t);
-      g.beginPath(); g.moveTo(x, 14); g.lineTo(x, H); g.stroke();
-      g.fillText(this.mode === "order" ? "#" + Math.round(t) : fmtNs(t - this.t0), x + 2, H - 3);
+    for (const tick of this.ticks()) {
+      g.beginPath(); g.moveTo(tick.x, 14); g.lineTo(tick.x, H); g.stroke();
+      g.fillText(tick.label, tick.x + 2, H - 3);
     }
     const filtered = pane.evMatch;
     for (const l of this.lanes) {
@@ -787,13 +826,13 @@
     this.alignHeads();
     if (this.filter.active()) this.applyFilter();
     const m = this.models[idx[0]];
-    const counts = m && idx.length === 1 ? plural(m.hooks.length, "hook") + " · " + plural(m.n, "event") + " · " : "";
+    const counts = m && idx.length === 1 && m.counts ? S(m.counts) + " · " : "";
     this.footer.textContent = m ? "hooktrace report · " + counts + "click a row or a mark for details; wheel zooms the timeline, drag pans" : "";
   };
   App.prototype.applyFilter = function () {
     let total = 0, all = 0;
     for (const p of this.panes) { total += p.applyFilter(this.filter); all += p.m.hookRows[p.m.nrows]; }
-    this.count.textContent = this.filter.active() ? total + " matching hook events" : "";
+    this.count.textContent = this.filter.active() ? plural(total, "matching hook call") : "";
   };
   App.prototype.buildAside = function () {
     const a = this.aside;
@@ -810,7 +849,7 @@
   App.prototype.diffSection = function () {
     const s = el("section"), diff = this.data.diff;
     s.appendChild(el("h2", "", "differences"));
-    const b = el("div", "banner " + (diff.equal ? "good" : "bad"), diff.equal ? "Same hook order in both traces." : plural(diff.differences.length, "difference") + "; the differing hook events are marked in red on both sides.");
+    const b = el("div", "banner " + (diff.equal ? "good" : "bad"), diff.equal ? "Same hook order in both traces." : plural(diff.differences.length, "difference") + "; the differing hook calls are marked in red on both sides.");
     s.appendChild(b);
     if (!diff.equal) s.appendChild(el("div", "difftext", SL(diff.summary)));
     return s;
@@ -850,7 +889,7 @@
       const box = el("div", "surprise" + (x.level === "info" ? " info" : ""));
       box.setAttribute("role", "button");
       span(box, "rule", S(x.rule));
-      box.appendChild(el("div", "msg", S(x.message)));
+      box.appendChild(withCode(el("div", "msg"), x.message));
       let seqs = x.events || [];
       if (!seqs.length && x.hooks && x.hooks.length) { for (const id of x.hooks) for (const e of m.firings.get(id) || []) seqs.push(m.seq[e]); }
       if (seqs.length) box.appendChild(el("div", "refs", "events " + seqs.slice(0, 8).map((q) => "#" + q).join(" ") + (seqs.length > 8 ? " (+" + (seqs.length - 8) + ")" : "")));
@@ -927,7 +966,7 @@
       row("what", names[t]);
       if (mod !== null && m.types.get(mod)) row("type", S(m.types.get(mod)));
       row("events", "#" + r.first[i] + "–#" + r.last[i]);
-      row("hook events", String(m.hookRows[r.end[i]] - m.hookRows[i]));
+      row("hook calls", String(m.hookRows[r.end[i]] - m.hookRows[i]));
       if (r.errors[i] !== undefined) row("error", S(r.errors[i]), "where");
     }
     d.appendChild(table);
