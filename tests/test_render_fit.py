@@ -75,4 +75,6 @@ def test_the_notebook_shows_the_report_once() -> None:
     page = trace_html(traced(2))
     assert page.count("<iframe") == 1
     before_tree = page[: page.index("<pre")]
-    assert before_tree.rstrip().endswith("<details><summary>the tree as text</summary>"), "the text tree folded"
+    assert before_tree.rstrip().endswith("<details><summary>the tree as text</summary>"), (
+        "the text tree folded"
+    )
