@@ -113,6 +113,7 @@ def snapshot(
     """What the trace is built from, with no reference left to a module, tensor or hook."""
     final = final or Final()
     paths = {**paths, **final.paths}
+    paths.update(roots.outside_paths(rec, paths))  # modules called inside the model, not part of it
     records = build.ordered(book.records, final.order)
     for r in records:
         tensor = r.tensor_ref() if r.tensor_ref is not None else None

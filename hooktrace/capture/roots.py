@@ -10,6 +10,7 @@ label: its class name, `Name#2` for the second root of the same class.
 from __future__ import annotations
 
 import weakref
+from operator import itemgetter
 from typing import Any, Iterable
 
 import torch
@@ -88,6 +89,38 @@ def modules_called(rec: Any, keys: list[int]) -> list[Any]:
 def of_calls(rec: Any) -> list[Any]:
     """The roots of a capture with no model: the live modules of its outermost calls, nested ones out."""
     return choose(modules_called(rec, outermost(rec.calls)))
+
+
+OUTSIDE = "(outside)"  # the prefix of a module called inside the model but not part of it
+
+
+def called_keys(rec: Any) -> list[int]:
+    """Keys of every module a module call or a hook call of the capture names, first seen first."""
+    keys = dict.fromkeys(map(itemgetter(3), list(rec.calls)))
+    keys.update(dict.fromkeys(map(itemgetter(6), list(rec.hooks))))
+    keys.pop(None, None)  # hook calls of no module
+    return list(keys)
+
+
+def outside_paths(rec: Any, paths: dict[int, str]) -> dict[int, str]:
+    """Paths for the modules the capture saw called that `paths` does not name: modules called inside
+    the model but not part of it (a function wrapped in a module of its own, as the `kernels` package
+    does). Each is named by its class, `(outside) Func`, and what it holds under that
+    (`(outside) Func.proj`); a module gone by now by its class alone (the recorder kept its name)."""
+    unknown = [k for k in called_keys(rec) if k not in paths]
+    if not unknown:
+        return {}
+    out: dict[int, str] = {}
+    for root in choose(modules_called(rec, unknown)):
+        label = f"{OUTSIDE} {type(root).__name__}"
+        for path, module in module_list(root):
+            key = rec.key(module)
+            if key not in paths and key not in out:
+                out[key] = f"{label}.{path}" if path else label
+    for key in unknown:
+        if key not in out and key in rec.types:
+            out[key] = f"{OUTSIDE} {rec.types[key]}"
+    return out
 
 
 def compiled_inner(model: Any) -> Any:

@@ -183,6 +183,7 @@ class Recorder:
         "compiled",
         "modules",
         "module_ids",
+        "types",
         "ids",
         "retired",
         "seq",
@@ -201,6 +202,7 @@ class Recorder:
         self.ids: dict[int, int] = {}  # id of a live object -> its key
         self.module_ids: dict[int, int] = {}  # the same, for the modules the call wrapper looks up
         self.retired: set[int] = set()  # keys of objects that died: not given again
+        self.types: dict[int, str] = {}  # key -> its object's class name (names a module gone by the end)
         self.seq = itertools.count()
         self.step_starts: list[int] = []  # seq at which step 1, 2, ... began
         # Records of the thread that started the capture share this one int object (an ident is a
@@ -239,6 +241,7 @@ class Recorder:
             while key in self.retired:
                 key += KEY_STEP
             self.ids[i] = key
+            self.types[key] = type(obj).__name__
             try:
                 self.modules.append(weakref.ref(obj, functools.partial(self._died, i, key)))
             except TypeError:  # no weak reference: kept, so its id stays its own
