@@ -19,6 +19,8 @@ from torch import nn
 import hooktrace
 from hooktrace.capture import dicts, dynamo, roots
 
+from .training_hooks import no_gc
+
 
 def _hook(*args: Any) -> None:
     return None
@@ -158,3 +160,37 @@ def test_own_code_is_walked_once_per_process_and_new_modules_still(monkeypatch: 
         model(torch.randn(1, 2))
     assert walked == ["hooktrace._issue34_later"]
     assert marked == [later.__code__]
+
+
+def test_a_session_and_its_trace_are_freed_when_let_go() -> None:
+    """No cycle holds a finished session: its trace (every event and hook) goes when the caller lets
+    go of it, by reference counting, as untraced code frees what it made, not at a later GC pass."""
+    import weakref
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    model[0].register_forward_hook(_hook)
+    model[0].weight.register_hook(_hook)
+    with no_gc():
+        with hooktrace.trace(model) as session:
+            model(torch.randn(3, 2)).sum().backward()
+        trace = session.trace
+        assert len(trace.events) > 0
+        alive = [weakref.ref(session), weakref.ref(trace), weakref.ref(trace.hooks[0])]
+        del session, trace
+        assert [ref() is None for ref in alive] == [True, True, True]
+
+
+def test_a_wrapper_kept_past_its_capture_holds_no_session() -> None:
+    """A class that kept `nn.Module.__call__` while the block was open (its own `__call__ = ...`)
+    still calls modules as PyTorch does afterwards, and keeps nothing of the capture alive."""
+    import weakref
+
+    with no_gc():
+        with hooktrace.trace() as session:
+            kept = nn.Module.__call__
+        ref = weakref.ref(session)
+        del session
+        assert ref() is None
+    model = nn.Linear(2, 2)
+    x = torch.randn(1, 2)
+    assert torch.equal(kept(model, x), model(x))

@@ -131,16 +131,24 @@ def live_hook_ids(model: Any) -> set[int]:
     return {hid for hd in hook_dicts(model) for hid in [*hd.d]}
 
 
+# kind -> ((scope, attribute, flag), ...) of the kinds that have flags
+_FLAGS = {name: info.flags for name, info in TABLE.items() if info.flags}
+
+
 def module_flags(owner: Any, kind: str, hook_id: int) -> tuple[bool, bool]:
     """(with_kwargs, always_call) as PyTorch's extra dicts record them (the kind's row's `flags`)."""
-    info = TABLE.get(kind)
+    with_kwargs = always_call = False
+    flags = _FLAGS.get(kind)
+    if flags is None:
+        return with_kwargs, always_call
     scope, holder = (GLOBAL, nn_module) if owner is None else (MODULE, owner)
-    found = {
-        flag
-        for where, attr, flag in (info.flags if info is not None else ())
-        if where == scope and hook_id in getattr(holder, attr, {})
-    }
-    return WITH_KWARGS in found, ALWAYS_CALL in found
+    for where, attr, flag in flags:
+        if where == scope and hook_id in getattr(holder, attr, ()):
+            if flag == WITH_KWARGS:
+                with_kwargs = True
+            elif flag == ALWAYS_CALL:
+                always_call = True
+    return with_kwargs, always_call
 
 
 def inferred_prepends(keys: list[int]) -> set[int]:

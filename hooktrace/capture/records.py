@@ -8,6 +8,7 @@ same position), from registration to the end of the block.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
 from dataclasses import dataclass
@@ -26,6 +27,11 @@ from .tensors import weak
 # wrappers per (module, callable), DDP communication hooks per registration) get ids.synthetic_ids()
 # from SYNTHETIC_BASE. The two never collide with each other or with handle ids (hooktrace/ids.py).
 _STATE_KINDS = frozenset(kind for _, kind in dicts.STATE_DICTS)
+# every field of a Record in its order, the default where there is one (id, kind and scope are set)
+_RECORD_DEFAULTS = {
+    f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(Record)
+}
+_new = object.__new__
 _OPTIMIZER_KINDS = frozenset(kind for _, kind in dicts.OPTIMIZER_DICTS)
 
 
@@ -105,16 +111,14 @@ class HookBook:
             if named is None or named[0] is not fn:
                 named = self._named[id(fn)] = (fn, sites.hook_name(fn), sites.defined_at(fn))
             name, defined_at = named[1], named[2]
-        record = Record(
-            id=tid,
-            kind=kind,
-            scope=scope,
-            owner=None if owner is None else self.rec.who(owner),  # not the module: it may die
-            name=name,
-            defined_at=defined_at,
-            with_kwargs=with_kwargs,
-            always_call=always_call,
-        )
+        # Record(...) field by field, without its dataclass __init__ (19 fields: most keep their default)
+        record = _new(Record)
+        fields = record.__dict__
+        fields.update(_RECORD_DEFAULTS)
+        fields["id"], fields["kind"], fields["scope"] = tid, kind, scope
+        fields["owner"] = None if owner is None else self.rec.who(owner)  # not the module: it may die
+        fields["name"], fields["defined_at"] = name, defined_at
+        fields["with_kwargs"], fields["always_call"] = with_kwargs, always_call
         site = self.sites.get(hid) if tid == hid else None  # a copy was not registered
         if site is not None:
             record.registered_at = site.registered_at

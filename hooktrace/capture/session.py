@@ -30,6 +30,10 @@ _ACTIVE: Optional[TraceSession] = None
 _TENSOR_KINDS = frozenset(kind for _, kind in dicts.TENSOR_DICTS)
 
 
+def _no_path(_module: Any) -> None:
+    return None
+
+
 def check_torch() -> None:
     """Make the rewritten copies of PyTorch's methods now: UnsupportedTorch if this torch is older than
     hooktrace supports or its source does not match."""
@@ -424,7 +428,9 @@ class TraceSession:
         self._rec.modules.clear()  # ids are resolved: a wrapper some class kept holds no module
         self._rec = shims.Recorder(self.shapes)  # the old one's record lists now belong to the pending trace
         self._module_call = None
-        self._book = HookBook(self._rec, self._path_of)
+        # a book that does not hold this session: no cycle is left, so the trace and everything it
+        # holds are freed when the caller lets go of the session (not at a later full GC pass)
+        self._book = HookBook(self._rec, _no_path)
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)
         self._model = None
         self._roots = []

@@ -229,7 +229,9 @@ class Recorder:
             code = codes[shapes]
             namespace = dict(shared)
             exec(code, namespace)  # noqa: S102 - defines `factory` over this capture's shared state
-            self._factories[arity] = namespace["factory"]
+            # taken out, so that the namespace (its globals) and it make no cycle: the records
+            # (`append`) are freed with the trace, not at a later GC pass
+            self._factories[arity] = namespace.pop("factory")
 
     def key(self, obj: Any) -> int:
         """The int that records name `obj` by, without keeping it alive: its id, or, when an object
@@ -454,5 +456,32 @@ def _fn_cell(compiled: Any) -> Any:
 
 
 def end_module_call(wrapper: Any) -> None:
-    """The capture is over: a copy of `wrapper` kept somewhere (a class's own `__call__`) is PyTorch's."""
+    """The capture is over: a copy of `wrapper` kept somewhere (a class's own `__call__`) is PyTorch's.
+
+    Its closure lets go of the capture's callbacks (the session's methods) and of `run_compiled`,
+    which refers back to it: without that cycle the session, and the trace it holds, are freed
+    when the caller lets go of them, not at a later full GC pass. A call still inside the wrapper
+    on another thread finds callables that do nothing (and a compiled call run plainly)."""
     wrapper.hooktrace_live.clear()
+    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
+    for name, inert in (
+        ("on_input", _ignored_input),
+        ("on_new_module", _ignored_module),
+        ("run_compiled", _run_plain),
+    ):
+        cell = cells.get(name)
+        if cell is not None:
+            cell.cell_contents = inert
+    wrapper.__dict__.pop("run_compiled", None)
+
+
+def _ignored_input(_module: Any, _tensor: Any) -> None:
+    return None
+
+
+def _ignored_module(_module: Any) -> None:
+    return None
+
+
+def _run_plain(_module: Any, compiled: Any, args: tuple, kwargs: dict) -> Any:
+    return compiled(*args, **kwargs)
