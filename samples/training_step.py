@@ -12,7 +12,12 @@ What to look for:
   sets `.grad` to None so the main optimizer skips them.
 - A `node` hook on the `AccumulateGrad` node of `body.weight` (how FSDP1 and DeepSpeed attach
   post-backward work) is named after the parameter it accumulates, and fires after that
-  parameter's gradient is accumulated, in the `backward` phase.
+  parameter's gradient is accumulated, in the `backward` phase. The node is the one the parameter
+  has when the hook is registered: moving the model afterwards to another device or dtype
+  (`--device cuda` on this CPU-built model, `.to("cuda")`, `.double()`) makes PyTorch replace it, so
+  the hook never fires there, and `never-fired` says that the parameter's move replaced its
+  AccumulateGrad node (the order file differs between CPU and CUDA for that reason). Register such
+  a hook after the move to keep it.
 """
 
 from __future__ import annotations

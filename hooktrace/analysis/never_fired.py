@@ -75,6 +75,7 @@ class _Facts:
     backward_steps: set = field(default_factory=set)
     kinds_fired: set = field(default_factory=set)
     errors: list[Event] = field(default_factory=list)
+    replaced: set = field(default_factory=set)
 
     @classmethod
     def of(cls, trace: Trace) -> _Facts:
@@ -102,12 +103,18 @@ class _Facts:
 
 
 def never_fired(
-    trace: Trace, exclude: frozenset[int] | set[int] = frozenset(), in_graph: Optional[Collection[int]] = None
+    trace: Trace,
+    exclude: frozenset[int] | set[int] = frozenset(),
+    in_graph: Optional[Collection[int]] = None,
+    replaced: Collection[int] = frozenset(),
 ) -> list[Surprise]:
     """`exclude`: hooks the capture saw taken out of their dict again (no surprise that they did not
     fire). `in_graph`: hooks of a module that ran compiled (torch.compile), which ran inside the graph,
-    not one by one; by default those the trace's own `compiled` surprises name (a loaded trace)."""
+    not one by one; by default those the trace's own `compiled` surprises name (a loaded trace).
+    `replaced`: node hooks whose AccumulateGrad node their parameter's move replaced (the capture saw
+    it: the trace alone does not show it)."""
     facts = _Facts.of(trace)
+    facts.replaced = set(replaced)
     if in_graph is None:
         in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
     groups: dict[tuple[str, str], list[Hook]] = defaultdict(list)
@@ -201,6 +208,13 @@ def _backward_reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
     backward = facts.trace.meta.backward
     if backward == "off":
         return None  # --no-backward: what the user asked for
+    if hook.id in facts.replaced:  # the capture saw it: whether or not a backward pass ran
+        return (
+            "{its} parameter was moved to another dtype or device (`.to()`, `.double()`, `--device`) after "
+            "the hook was registered, which replaced the parameter's AccumulateGrad node: backward runs the "
+            "new node, not the one the hook is on (register it after the move)",
+            "warn",
+        )
     if backward == "no-grad":
         return "backward was skipped: nothing in the output required grad", "warn"
     if facts.backward_ran is None:

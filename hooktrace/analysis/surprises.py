@@ -430,19 +430,25 @@ RULES: dict[str, Callable[[Trace], list[Surprise]]] = {
 
 
 def find_surprises(
-    trace: Trace, deleted: Collection[int] = frozenset(), compiled_calls: Optional[Windows] = None
+    trace: Trace,
+    deleted: Collection[int] = frozenset(),
+    compiled_calls: Optional[Windows] = None,
+    replaced_nodes: Collection[int] = frozenset(),
 ) -> list[Surprise]:
     """Every rule over the trace, in the order of docs/surprises.md's table, then `compiled`. The capture's
     facts, when known: `deleted`, ids of hooks their own code took out of their dict again
     (remove_spectral_norm): they are no never-fired; `compiled_calls`, the module calls that ran
-    compiled (capture/build.py `compiled_windows`)."""
+    compiled (capture/build.py `compiled_windows`); `replaced_nodes`, node hooks on an AccumulateGrad node
+    that their parameter's move to another dtype or device replaced."""
     in_graph = compiled(trace, compiled_calls or {})
     # a trace analysed again (loaded) keeps its own `compiled` surprises: never_fired reads them
     hidden = {hid for s in in_graph for hid in s.hooks} if compiled_calls is not None else None
     found: list[Surprise] = []
     for name, rule in RULES.items():
         if name == "never-fired":
-            found.extend(never_fired(trace, exclude=set(deleted), in_graph=hidden))
+            found.extend(
+                never_fired(trace, exclude=set(deleted), in_graph=hidden, replaced=set(replaced_nodes))
+            )
         else:
             found.extend(rule(trace))
     return found + in_graph

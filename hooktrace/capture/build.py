@@ -27,6 +27,8 @@ class Record(Hook):
     tensor_ref: Any = None  # weakref to the tensor (tensor scope)
     tensor_desc: Optional[tuple[str, Any]] = None  # ("output of"|"input of"|"tensor in", Who) or None
     removed: bool = False
+    # (dtype, device) of the parameter an AccumulateGrad node accumulates, when a hook went on the node
+    node_of: Optional[tuple[Any, Any]] = None
 
 
 @dataclass
@@ -45,12 +47,15 @@ class Pending:
     step_starts: list[int]
     compiled: list[int] = dataclasses.field(default_factory=list)  # Recorder.compiled
     deleted: set[int] = dataclasses.field(default_factory=set)  # hooks code took out of their dict
+    # node hooks on an AccumulateGrad node that their parameter's move (.to(), .double()) replaced
+    replaced_nodes: set[int] = dataclasses.field(default_factory=set)
     shapes: Optional[list[tuple]] = None  # Recorder.shapes: (seq, received, returned) with --shapes
 
 
 def build_trace(pending: Pending) -> Trace:
     """The trace of what the capture saw, with no surprises: whoever runs the capture adds the
-    analysis' (given `compiled_windows` and `pending.deleted`, the facts only the capture knows)."""
+    analysis' (given `compiled_windows`, `pending.deleted` and `pending.replaced_nodes`, the facts only
+    the capture knows)."""
     hooks = [to_hook(r) for r in pending.records]
     events = build_events(pending, {h.id: h for h in hooks})
     return Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)

@@ -15,7 +15,7 @@ from ..kinds import MODULE, TENSOR
 from ..schema import Meta, Module
 from . import build, dicts, roots, shims
 from .records import HookBook
-from .tensors import hook_place, weak
+from .tensors import dtype_and_device, hook_place, weak
 
 
 @dataclasses.dataclass
@@ -115,8 +115,17 @@ def snapshot(
     paths = {**paths, **final.paths}
     paths.update(roots.outside_paths(rec, paths))  # modules called inside the model, not part of it
     records = build.ordered(book.records, final.order)
+    alive = book.live_dict_ids()
+    replaced: set[int] = set()
     for r in records:
         tensor = r.tensor_ref() if r.tensor_ref is not None else None
+        # PyTorch drops a parameter's AccumulateGrad node when the parameter moves to another dtype or
+        # device (`Variable.set_data`) while the node lives: a node still alive (its hook dict is)
+        # whose parameter moved is no longer the one backward runs
+        if r.node_of is not None and tensor is not None and r.id in alive:
+            now = dtype_and_device(tensor)
+            if now is not None and now != r.node_of:
+                replaced.add(r.id)
         r.module, r.tensor = hook_place(r.scope, r.owner, tensor, r.tensor_desc, paths, final.params)
         r.owner = r.tensor_ref = r.tensor_desc = None
     meta.torch = str(torch.__version__)  # not TorchVersion: the trace holds plain values
@@ -136,5 +145,6 @@ def snapshot(
         step_starts=rec.step_starts,
         compiled=rec.compiled,
         deleted=final.deleted,
+        replaced_nodes=replaced,
         shapes=rec.shapes,
     )

@@ -304,6 +304,15 @@ class HookBook:
                 if record is not None and record.removed:  # removed on another thread meanwhile
                     d.pop(hid, None)
 
+    def live_dict_ids(self) -> set[int]:
+        """Trace ids of hooks whose dict (the node, tensor or module that holds it) is still alive."""
+        out = set()
+        for (dict_id, _hid), tid in [*self._ids.items()]:
+            entry = self.seen_dicts.get(dict_id)
+            if entry is not None and entry[0]() is not None:
+                out.add(tid)
+        return out
+
     def deleted(self) -> set[int]:
         """Trace ids of hooks no longer in their dict, which is still alive, and never removed through
         their handle: code deleted them from the dict itself."""

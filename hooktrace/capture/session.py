@@ -24,7 +24,7 @@ from ..kinds import INPUT_OF, NODE, TENSOR, K
 from ..schema import Meta, Surprise, Trace
 from . import autograd, build, comm, dicts, dynamo, ending, optim, registry, roots, shims, sites, views
 from .records import HookBook, Site
-from .tensors import TensorNamer
+from .tensors import TensorNamer, dtype_and_device
 
 _ACTIVE: Optional[TraceSession] = None
 _TENSOR_KINDS = frozenset(kind for _, kind in dicts.TENSOR_DICTS)
@@ -176,7 +176,10 @@ class TraceSession:
                 trace = build.build_trace(pending)
                 if self._analyse is not None:
                     trace.surprises = self._analyse(
-                        trace, deleted=pending.deleted, compiled_calls=build.compiled_windows(pending)
+                        trace,
+                        deleted=pending.deleted,
+                        compiled_calls=build.compiled_windows(pending),
+                        replaced_nodes=pending.replaced_nodes,
                     )
             self._trace = trace
             self._pending = None
@@ -366,9 +369,12 @@ class TraceSession:
             variable = getattr(node, "variable", None) if node is not None else None
             # the node's dict holds one kind: hooks registered on it before the block are traced now
             # too, but not PyTorch's own (a module's backward hooks' BackwardHook node hooks)
+            placed = dtype_and_device(variable) if variable is not None else None
             for hid, fn in list(d.items()):
                 if hid == handle.id or not sites.is_plumbing_hook(fn):
-                    self._book.wrap_tensor_hook(d, hid, kind, variable, scope=NODE)
+                    record = self._book.wrap_tensor_hook(d, hid, kind, variable, scope=NODE)
+                    if record is not None and record.node_of is None:
+                        record.node_of = placed  # a move to another dtype or device replaces the node
 
     def saved_tensors_shims(self, ctx: Any, frame: FrameType) -> tuple[Any, Any]:
         return self._book.saved_tensors_shims(ctx, self._site(frame))

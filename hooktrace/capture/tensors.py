@@ -24,6 +24,14 @@ def weak(obj: Any) -> Any:
         return None
 
 
+def dtype_and_device(tensor: Any) -> Optional[tuple[Any, Any]]:
+    """(dtype, device) of a tensor, read without running user code (None for a tensor subclass with a
+    `__torch_function__` of its own, whose getters would call it)."""
+    if not isinstance(tensor, torch.Tensor) or torch.overrides.has_torch_function((tensor,)):
+        return None
+    return tensor.dtype, tensor.device
+
+
 class TensorNamer:
     """Which module a tensor hook belongs to, decided while the objects are alive."""
 
