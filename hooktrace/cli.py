@@ -223,7 +223,22 @@ def _command_path(group: Any, args: List[str], ctx: Any) -> str:
     return f"hooktrace {first}" if first in getattr(group, "commands", {}) else "hooktrace"
 
 
-@app.command(name="exec", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
+class _ScriptHelp(typer.core.TyperCommand):
+    """`exec --help` without typer's type of its argument list (`SCRIPT.py [ARGS]... <list[str]>`)
+    and with the usage line a user types (`SCRIPT.py [ARGS]...`, not `[SCRIPT.py [ARGS]...]...`)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        import click
+
+        inner = click.HelpFormatter(width=formatter.width)
+        super().format_help(ctx, inner)
+        text = inner.getvalue().replace(" <list[str]>", "")
+        formatter.write(text.replace("[SCRIPT.py [ARGS]...]...", "SCRIPT.py [ARGS]..."))
+
+
+@app.command(
+    name="exec", cls=_ScriptHelp, context_settings={"allow_interspersed_args": False}, no_args_is_help=True
+)
 @grouped_options
 def exec_(
     script: Optional[List[str]] = opt("script"),

@@ -191,7 +191,15 @@ def output(
         dry = "; dry run on meta: shapes only, no values" if trace.meta.dry_run else ""
         left_out = hidden_of(trace)
         dry += f"; {left_out.phrase()}" if left_out is not None else ""
-        stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()}{dry})")
+        if chosen == "json":  # -o shows no tree: say where it is (issue 35)
+            tree = f"; the tree: hooktrace render {output}"
+        else:
+            tree = (
+                ""
+                if chosen == "tree"
+                else "; no tree printed with -o (save -o run.json, then hooktrace render it)"
+            )
+        stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()}{dry}){tree}")
 
 
 def hidden(trace: Trace, view: dict[str, Any]) -> Trace:

@@ -96,8 +96,10 @@ def _fit_path(path: str, avail: int) -> str:
 class _Drawer:
     """Per-call drawing state; nothing is kept between renderings."""
 
-    def __init__(self, tree: CallTree, *, width: int, expand: bool, times: bool, depth: Optional[int]):
+    def __init__(self, tree: CallTree, *, width: int, expand: bool, times: bool, depth: Optional[int],
+                 top: int = 1):  # fmt: skip
         self.ctree = tree
+        self.top = top  # the level of a phase's outermost calls: 0 under --module (depth counts from it)
         self.meta = tree.trace.meta
         self.width = width
         self.expand = expand
@@ -244,7 +246,7 @@ class _Drawer:
         steps = self.ctree.steps
         if len({e.step for e in self.ctree.events}) == 1:
             for phase in steps[0].children:
-                self.add_children(out.add(self.phase_label(phase)), phase, 1, 2 * GUIDE)  # type: ignore[arg-type]
+                self.add_children(out.add(self.phase_label(phase)), phase, self.top, 2 * GUIDE)  # type: ignore[arg-type]
             return out
         for step, same in ct.runs(steps, self.expand):
             label = Text(f"step {step.step}", style="bold")
@@ -252,7 +254,7 @@ class _Drawer:
                 label.append(f"  ({FIRST_CALL})", style="dim")
             branch = out.add(label)
             for phase in step.children:
-                self.add_children(branch.add(self.phase_label(phase)), phase, 1, 3 * GUIDE)
+                self.add_children(branch.add(self.phase_label(phase)), phase, self.top, 3 * GUIDE)
             if same:
                 span = f"step {same[0].step}" + (f" … step {same[-1].step}" if len(same) > 1 else "")
                 line = Text(f"×{len(same)} more step{'s' if len(same) > 1 else ''} with the same order",
@@ -276,6 +278,7 @@ class TreeView:
         self.times = times
         self.depth = depth
         self.empty = empty
+        self.module: Optional[str] = None  # --module's path: --depth counts from its calls
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield from self.parts(options.max_width)
@@ -290,7 +293,7 @@ class TreeView:
             )
         else:
             yield _Drawer(self.calltree, width=width, expand=self.expand, times=self.times,
-                          depth=self.depth).tree()  # fmt: skip
+                          depth=self.depth, top=0 if self.module is not None else 1).tree()  # fmt: skip
         if self.surprises:
             yield _surprise_panel(self.surprises, self.expand, self.hidden_info)
         elif self.hidden_info:
@@ -323,6 +326,9 @@ def _summary(view: TreeView, width: int) -> Text:
     if view.times and events:
         total = max(e.start_ns + e.duration_ns for e in events) - min(e.start_ns for e in events)
         parts.append(f"{fmt_ns(total)} total")
+        spread = _step_spread(events)
+        if spread:  # times move with the machine's load: the spread over steps shows how much
+            parts.append(spread)
         note = times_note(view.trace.meta)
         if note is not None and first_call_traced(view.trace.meta) and all(e.step for e in events):
             note = None  # the view shows no event of step 0
@@ -334,6 +340,18 @@ def _summary(view: TreeView, width: int) -> Text:
     text = _pack(segs, width)
     text.stylize("bold")
     return text
+
+
+def _step_spread(events: list[Event]) -> Optional[str]:
+    """`steps 21.80ms–206.00ms (median 25.10ms)` when the view holds two steps or more."""
+    bounds: dict[int, list[int]] = {}
+    for e in events:
+        b = bounds.setdefault(e.step, [e.start_ns, e.start_ns + e.duration_ns])
+        b[0], b[1] = min(b[0], e.start_ns), max(b[1], e.start_ns + e.duration_ns)
+    if len(bounds) < 2:
+        return None
+    took = sorted(b - a for a, b in bounds.values())
+    return f"steps {fmt_ns(took[0])}–{fmt_ns(took[-1])} (median {fmt_ns(took[len(took) // 2])})"
 
 
 _NUMBERED = re.compile(r"(?<=\.)\d+\b|\b\d+(?=\.[A-Za-z_])|(?<=#)\d+")
@@ -391,7 +409,8 @@ def build_tree(
 ) -> TreeView:
     """The tree, the surprises panel and a one-line summary, as one rich renderable.
 
-    depth: module calls nested deeper than this are summarised in one line. module: only calls and
+    depth: module calls nested deeper than this are summarised in one line (counted from the phase, or
+    from `module`'s own calls, at depth 0, when it is given). module: only calls and
     hooks of this module path and its descendants, as `resolve_module` gives it ("" for the root).
     phase: only this phase.
     expand: do not collapse repeated identical siblings, list saved-tensor hooks one by one.
@@ -407,7 +426,9 @@ def build_tree(
     filtered = phase is not None or module is not None
     shown, hidden = split_surprises(_relevant(trace, tree.events, filtered), all_surprises)
     empty = _empty_message(trace, module, phase) if not tree.events else None
-    return TreeView(trace, tree, shown, hidden, expand=expand, times=times, depth=depth, empty=empty)
+    view = TreeView(trace, tree, shown, hidden, expand=expand, times=times, depth=depth, empty=empty)
+    view.module = module
+    return view
 
 
 def _relevant(trace: Trace, kept: list[Event], filtered: bool) -> list[Any]:
