@@ -17,7 +17,12 @@ PACKAGE = ROOT / "hooktrace"
 # Bottom to top. A module may import from its own room (package or file) and from lower floors only;
 # rooms on one floor know nothing of each other (the capture imports no analysis, and the reverse).
 FLOORS: list[tuple[str, ...]] = [
-    ("kinds", "io", "ids"),  # the table of kinds and names; bytes; hook ids: no hooktrace imports
+    (
+        "kinds",
+        "io",
+        "ids",
+        "supported",
+    ),  # the table of kinds and names; bytes; hook ids; torch versions: no hooktrace imports
     ("schema", "options"),  # the data model; run and view options declared once
     ("validate", "target", "inputs"),  # load-time checks: a document becomes a Trace; the factory, its inputs
     ("analysis", "capture"),  # pure functions of a Trace | the only code that touches torch's hooks

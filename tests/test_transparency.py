@@ -308,11 +308,18 @@ def test_torch_compile_fullgraph_with_hooks_is_unchanged_and_marked(no_global_ho
         traced = step(m)
     _equal(plain, traced)  # fullgraph=True compiled (it raises on a graph break) and bitwise equal
     no_hooktrace_objects(m)
-    assert not [e for e in t.trace.events if e.type == "hook"]  # the hooks ran inside the graph
+    # torch 2.8's AOTAutograd also registers node hooks of its own while it traces the backward
+    # (setup_stacktrace_preservation_hooks, in torch/_functorch): they run as Python and are traced
+    users = sorted(h.id for h in t.trace.hooks if not (h.defined_at or "").startswith("torch/"))
+    assert len(users) == 2
+    assert not [
+        e for e in t.trace.events if e.type == "hook" and e.hook in users
+    ]  # they ran inside the graph
     rules = [s for s in t.trace.surprises if s.rule == "compiled"]
     assert rules and "inside the compiled code" in rules[0].message
-    assert sorted(rules[0].hooks) == sorted(h.id for h in t.trace.hooks)
-    assert not [s for s in t.trace.surprises if s.rule == "never-fired"]  # they ran, inside the graph
+    assert sorted(rules[0].hooks) == users
+    never = [s for s in t.trace.surprises if s.rule == "never-fired" and set(s.hooks) & set(users)]
+    assert not never  # they ran, inside the graph
     torch._dynamo.reset()
 
 
