@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The README's "Torch versions" table, by hand (not run by CI, which runs torch 2.13.0 only).
+# For each torch version: a venv OUTSIDE the checkout with that torch (the registry's build: on Linux
+# the CUDA one, run on CPU; 6-7 GB) and hooktrace's dev extras installed without changing torch; the
+# order file of every sample (scripts/sample_orders.sh), compared byte for byte with the reference
+# version's; then the whole suite. The venv is deleted after (KEEP=1 keeps it).
+#
+#   scripts/torch_matrix.sh [VERSION...]      default: 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.14.1
+#   TORCHVER_DIR=/tmp/torchver                 venvs, order files, logs
+#   REFERENCE=2.13.0                           whose order files the others are compared with: made
+#                                              with the `hooktrace` of the calling environment, which
+#                                              must hold that torch (the developers' .venv)
+#   SUITE=0                                    order files only, no suite
+#
+# torch 2.15 is not installable from this machine's package index: its sources (an unpacked wheel or
+# PyTorch's public checkout at the v2.15.0 tag, outside the checkout) are checked instead with
+#   python scripts/check_torch_source.py ROOT
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+dir=${TORCHVER_DIR:-/tmp/torchver}
+ref=${REFERENCE:-2.13.0}
+mkdir -p "$dir"
+versions=("$@")
+[ ${#versions[@]} -gt 0 ] || versions=(2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.14.1)
+
+if [ ! -d "$dir/orders-$ref" ]; then
+  have=$(python -c "import torch; print(torch.__version__.split('+')[0])")
+  [ "$have" = "$ref" ] || { echo "error: the reference order files need torch $ref here, not $have" >&2; exit 2; }
+  scripts/sample_orders.sh "$dir/orders-$ref" >/dev/null
+fi
+
+for v in "${versions[@]}"; do
+  venv="$dir/venv-$v"
+  echo "== torch $v"
+  if [ ! -x "$venv/bin/hooktrace" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "torch==$v" || { echo "torch $v: cannot install"; continue; }
+    echo "torch==$v" >"$dir/constraint-$v.txt"  # the dev extras must not change torch
+    "$venv/bin/pip" install -q -e "$repo[dev]" -c "$dir/constraint-$v.txt" || { echo "torch $v: dev extras conflict"; continue; }
+  fi
+  got=$("$venv/bin/python" -c "import torch; print(torch.__version__)")
+  echo "torch installed: $got"
+  PATH="$venv/bin:$PATH" PYTHONPATH="$repo" scripts/sample_orders.sh "$dir/orders-$v" >"$dir/orders-$v.out" 2>&1
+  same=0 differ=()
+  for f in "$dir/orders-$ref"/*.txt; do
+    n=$(basename "$f")
+    if cmp -s "$f" "$dir/orders-$v/$n"; then same=$((same + 1)); else differ+=("$n"); fi
+  done
+  echo "sample order files byte-equal to torch $ref's: $same, differing: ${#differ[@]} ${differ[*]}"
+  if [ "${SUITE:-1}" != 0 ]; then
+    PATH="$venv/bin:$PATH" PYTHONPATH="$repo" "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider -rs \
+      >"$dir/suite-$v.log" 2>&1
+    echo "suite: $(tail -n 1 "$dir/suite-$v.log")"
+    grep -E "^SKIPPED" "$dir/suite-$v.log" | sed 's/^/  /'
+  fi
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$venv"
+done
