@@ -228,9 +228,7 @@ class _ScriptHelp(typer.core.TyperCommand):
     and with the usage line a user types (`SCRIPT.py [ARGS]...`, not `[SCRIPT.py [ARGS]...]...`)."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        import click
-
-        inner = click.HelpFormatter(width=formatter.width)
+        inner = type(formatter)(width=formatter.width)  # the formatter typer gave: written, then edited
         super().format_help(ctx, inner)
         text = inner.getvalue().replace(" <list[str]>", "")
         formatter.write(text.replace("[SCRIPT.py [ARGS]...]...", "SCRIPT.py [ARGS]..."))
