@@ -192,14 +192,12 @@ def output(
         left_out = hidden_of(trace)
         dry += f"; {left_out.phrase()}" if left_out is not None else ""
         if chosen == "json":  # -o shows no tree: say where it is (issue 35)
-            tree = f"; the tree: hooktrace render {output}"
+            shown = f"; the tree: hooktrace render {output}"
+        elif chosen == "tree":
+            shown = ""
         else:
-            tree = (
-                ""
-                if chosen == "tree"
-                else "; no tree printed with -o (save -o run.json, then hooktrace render it)"
-            )
-        stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()}{dry}){tree}")
+            shown = "; no tree printed with -o (save -o run.json, then hooktrace render it)"
+        stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()}{dry}){shown}")
 
 
 def hidden(trace: Trace, view: dict[str, Any]) -> Trace:
