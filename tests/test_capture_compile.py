@@ -13,6 +13,7 @@ called as Python) the graphs, frames and results are compared too.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import pytest
@@ -301,3 +302,83 @@ def test_a_compiled_forward_that_registers_a_buffer_compiles_the_same_traced(no_
     plain, traced = run(False), run(True)  # traced, Dynamo's guard on the copies' globals used to fail
     assert plain[:2] == traced[:2]
     assert torch.equal(plain[2], traced[2]) and torch.equal(plain[3], traced[3])
+
+
+class _Doubling(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.inner(x))
+
+
+def _fullgraph_root_hook(model: nn.Module, traced: bool) -> dict[str, Any]:
+    """`torch.compile(model, fullgraph=True)` with a forward hook on the root that doubles the output;
+    the hook's own frame is never compiled on its own (skip_code), so a profiler that counts the calls
+    of its code object counts exactly the calls that ran as Python."""
+    import sys
+
+    dynamo.reset()
+    log: list[bool] = []
+
+    def root_forward(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        log.append(torch.compiler.is_compiling())
+        return out * 2
+
+    dynamo.eval_frame.skip_code(root_forward.__code__)
+    model.register_forward_hook(root_forward)
+    c = torch.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    python_calls = [0]
+
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code is root_forward.__code__:
+            python_calls[0] += 1
+
+    outs = []
+    with hooktrace.trace(c) if traced else contextlib.nullcontext() as t:
+        for _ in range(2):
+            sys.setprofile(profile)
+            try:
+                outs.append(c(x))
+            finally:
+                sys.setprofile(None)
+    return {"outs": outs, "log": log, "python": python_calls[0], "trace": t.trace if traced else None}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("cls", ["torch.nn", "user"])
+def test_fullgraph_root_hook_is_a_python_call_only_when_it_ran_as_python(
+    cls: str, no_global_hooks: None
+) -> None:
+    """Only what ran as Python is a Python hook call (issue 33 item 1). A torch.nn class is inlined
+    whole by Dynamo (`wrap_inline`): the root hook runs inside the graph, 0 Python calls, and the
+    trace has no hook event, no `returned`, no `replaced-value` and one module call per forward. A
+    model class of the user's is run by PyTorch's `_call_impl` outside Dynamo (`torch.compile` wraps
+    its bound `__call__`): the hook is called as Python, its returned value is used (the output is
+    doubled untraced too), and the trace shows exactly those calls."""
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 4), nn.ReLU()) if cls == "torch.nn" else _Doubling()
+
+    plain = _fullgraph_root_hook(make(), traced=False)
+    traced = _fullgraph_root_hook(make(), traced=True)
+    assert traced["python"] == plain["python"] and traced["log"] == plain["log"]
+    for a, b in zip(plain["outs"], traced["outs"]):
+        assert torch.equal(a, b)
+    trace = traced["trace"]
+    hook_events = [e for e in trace.events if e.type == "hook"]
+    enters = [e for e in trace.events if e.type == "enter" and e.module == ""]
+    rules = {s.rule for s in trace.surprises}
+    assert len(hook_events) == plain["python"]  # one event per call that ran as Python, no more
+    if cls == "torch.nn":
+        assert plain["python"] == 0 and plain["log"] == [True, True]
+        assert len(enters) == 2 and "replaced-value" not in rules and "compiled" in rules
+    else:
+        assert plain["python"] == 2 and plain["log"] == [False, False]
+        assert all(e.returned for e in hook_events) and "replaced-value" in rules
+        # two module calls per forward, as PyTorch makes them: torch.compile's wrapper (named as the
+        # model) and the model's own `__call__`, in which its hooks run
+        assert len(enters) == 4
