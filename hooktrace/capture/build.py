@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from dataclasses import dataclass
 from itertools import chain, islice
@@ -50,6 +51,8 @@ class Pending:
     # node hooks on an AccumulateGrad node that their parameter's move (.to(), .double()) replaced
     replaced_nodes: set[int] = dataclasses.field(default_factory=set)
     shapes: Optional[list[tuple]] = None  # Recorder.shapes: (seq, received, returned) with --shapes
+    # compiled.Installed.runs: (enter seq, exit seq, hook ids) per run of a compiled-autograd graph
+    compiled_backward: list[tuple[int, int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
 
 
 def build_trace(pending: Pending) -> Trace:
@@ -80,6 +83,28 @@ def compiled_windows(pending: Pending) -> Windows:
         path: [(to_event.get(enter, -1), to_event.get(leave, -1)) for enter, leave in spans]
         for path, spans in calls.items()
     }
+
+
+def compiled_backward_runs(pending: Pending) -> list[tuple[int, tuple[int, ...]]]:
+    """Runs of compiled-autograd graphs, each as (its step, the hook ids that ran inside the graph,
+    in graph order): those whose shims recorded a Python call within the run (after a graph break)
+    are left out, as they are traced as usual. A fact of the capture; `analysis.compiled` says it."""
+    out: list[tuple[int, tuple[int, ...]]] = []
+    if not pending.compiled_backward:
+        return out
+    calls = sorted((r[0], r[1]) for r in islice(pending.hook_calls, pending.n_hook_calls))
+    for enter, leave, ids in pending.compiled_backward:
+        first, last = bisect.bisect(calls, (enter,)), bisect.bisect(calls, (leave,))
+        python = [hid for _seq, hid in calls[first:last]]
+        inside = []
+        for hid in ids:
+            if hid in python:
+                python.remove(hid)
+            else:
+                inside.append(hid)
+        if inside:
+            out.append((bisect.bisect_right(pending.step_starts, enter), tuple(inside)))
+    return out
 
 
 def _raw_to_event_seqs(pending: Pending) -> dict[int, int]:

@@ -41,6 +41,7 @@ CALLS_USER_CODE = frozenset(
         "dispatch",
         "run_compiled",
         "hooktrace_compiled_forward",
+        "hooktrace_compiled_backward",
     }
 )
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the hooktrace package folder

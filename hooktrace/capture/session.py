@@ -12,6 +12,7 @@ import datetime as _dt
 import sys
 import threading
 import time
+import warnings
 from types import FrameType
 from typing import Any, Callable, Optional
 
@@ -22,7 +23,21 @@ from .. import supported
 from ..io import gc_paused
 from ..kinds import INPUT_OF, NODE, TENSOR, K
 from ..schema import Meta, Surprise, Trace
-from . import autograd, build, comm, dicts, dynamo, ending, optim, registry, roots, shims, sites, views
+from . import (
+    autograd,
+    build,
+    comm,
+    compiled,
+    dicts,
+    dynamo,
+    ending,
+    optim,
+    registry,
+    roots,
+    shims,
+    sites,
+    views,
+)
 from .records import HookBook, Site
 from .tensors import TensorNamer, dtype_and_device
 
@@ -54,10 +69,11 @@ class TraceSession:
         describe: Optional[Callable[[Trace], str]] = None,
         shapes: bool = False,
     ) -> None:
-        """`analyse(trace, deleted=ids, compiled_calls=windows)`: the trace's surprises, made when it is
-        built from the capture's facts (ids: hooks their own code took out of their dict; windows: the
-        module calls that ran compiled, `build.compiled_windows`); `describe(trace)`: the counts the
-        session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
+        """`analyse(trace, deleted=ids, compiled_calls=windows, compiled_backward=runs)`: the trace's
+        surprises, made when it is built from the capture's facts (ids: hooks their own code took out of
+        their dict; windows: the module calls that ran compiled, `build.compiled_windows`; runs: the
+        hooks inside compiled autograd's graphs, `build.compiled_backward_runs`); `describe(trace)`:
+        the counts the session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
         `analysis.counts.summary`: the capture analyses nothing. `shapes`: record what each hook
         received and returned (capture/shapes.py; `--shapes`)."""
         self._model = model
@@ -79,6 +95,7 @@ class TraceSession:
         self._module_call: Any = None
         self._optim: Optional[optim.Installed] = None
         self._autograd: Optional[autograd.Installed] = None
+        self._compiled: Optional[compiled.Installed] = None
         self._lock = threading.Lock()  # registration callbacks on other threads vs. the end of the block
         self._active = False
         self._start_ns = 0
@@ -180,6 +197,7 @@ class TraceSession:
                         deleted=pending.deleted,
                         compiled_calls=build.compiled_windows(pending),
                         replaced_nodes=pending.replaced_nodes,
+                        compiled_backward=build.compiled_backward_runs(pending),
                     )
             self._trace = trace
             self._pending = None
@@ -231,6 +249,9 @@ class TraceSession:
         self._views = views.Installed(self._book, module_call, self._namer.on_output)
         self._optim = optim.Installed()
         self._autograd = autograd.Installed(self)
+        self._compiled = compiled.Installed(self._rec)
+        if self._compiled.note is not None:
+            warnings.warn(self._compiled.note, RuntimeWarning, stacklevel=3)
 
     def _finish(self) -> None:
         global _ACTIVE
@@ -242,6 +263,8 @@ class TraceSession:
                 comm.restore()  # comm hooks' own code back: the reducer calls the user's hook as it is
                 if self._autograd is not None:
                     self._autograd.restore()
+                if self._compiled is not None:
+                    self._compiled.restore()
                 if self._optim is not None:
                     self._optim.restore()
                 if self._views is not None:
@@ -266,6 +289,8 @@ class TraceSession:
                 self._pending = ending.snapshot(
                     self._book, self._rec, self._meta, self._start_ns, self._paths, self._roots, final
                 )
+                if self._compiled is not None:
+                    self._pending.compiled_backward = self._compiled.runs
             finally:
                 self._release()
 

@@ -76,6 +76,10 @@ def error_text(exc: BaseException) -> str:
 _SHIM_SOURCE = """
 def factory(fn, hook_id, module_id, from_args, same, kind):
     def hooktrace_shim({params}):
+        if compiling():  # Dynamo inlines this shim (compiled autograd): the hook, as plain code
+            call = fn
+{call}
+            return result
         seq = next(counter)
         call = ranged(fn, kind) if profiler._is_profiler_enabled else fn
 {received}        t0 = clock()
@@ -223,6 +227,7 @@ class Recorder:
             "describe_call": describe.call,
             "describe_positional": describe.positional,
             "describe_returned": describe.returned,
+            "compiling": _is_compiling,
         }
         self._factories: dict[Optional[int], Callable[..., Any]] = {}  # by arity; None: generic
         for arity, codes in (*_POSITIONAL_CODES.items(), (None, _GENERIC_CODE)):
