@@ -17,6 +17,7 @@ from torch import nn
 
 import hooktrace
 from hooktrace.capture import optim, views
+from hooktrace.capture.ledger import CURRENT
 from hooktrace.cli import main
 
 from .test_cli import write
@@ -113,7 +114,7 @@ def test_a_mismatching_source_is_refused_with_the_version_and_range(fresh_copies
         f"hooktrace supports torch {views.SUPPORTED_TORCH}; this is {torch.__version__} ("
     )
     assert _class_state() == before  # nothing installed stays
-    assert views._viewer is None
+    assert all(getattr(CURRENT, slot) is None for slot in CURRENT.__slots__)  # no capture's place held
 
 
 def test_the_source_as_installed_passes_every_check(fresh_copies):

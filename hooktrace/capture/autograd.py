@@ -41,6 +41,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from ..kinds import K
 from . import shims, sites
+from .ledger import CURRENT, Ledger
 from .views import _is_compiling
 
 _push_hooks: Callable[[Any, Any], None] = torch._C._autograd._push_saved_tensors_default_hooks
@@ -50,7 +51,6 @@ _SAVED_TENSOR = torch._C._autograd.SavedTensor
 # `SavedTensor.unpack_hook` (read back by user code) exists from torch 2.9; torch 2.8's SavedTensor
 # has only `register_hooks`, and nothing reads the pushed hook back: there is nothing to hide then.
 _ORIGINAL_UNPACK_HOOK: Optional[Any] = vars(_SAVED_TENSOR).get("unpack_hook")
-_current: Optional[Any] = None  # the capture's callbacks (session), while one is open
 
 
 # -- the registering line ------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def _is_node(obj: Any) -> bool:
 # -- patched functions (made once; a reference kept after the block passes straight through) -------
 def _register_hook(backward_hooks: Any, hook: Any) -> Any:
     result = _ORIGINAL_REGISTER.__func__(backward_hooks, hook)
-    current = _current
+    current = CURRENT.callbacks
     if current is None or _is_compiling():
         return result
     frame = sys._getframe(1)
@@ -180,7 +180,7 @@ def _register_hook(backward_hooks: Any, hook: Any) -> Any:
 
 
 def _enter(self: Any) -> None:
-    current = _current
+    current = CURRENT.callbacks
     if current is None or _is_compiling():
         return _ORIGINAL_ENTER(self)
     pack, unpack = current.saved_tensors_shims(self, sys._getframe(1))
@@ -219,7 +219,7 @@ def ddp_and_caller(frame: Any) -> tuple[Optional[torch.nn.Module], Any]:
 def _comm_patch(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _register_comm_hook(reducer: Any, state: Any, hook: Any) -> Any:
-        current = _current
+        current = CURRENT.callbacks
         if current is None or _is_compiling() or not callable(hook):
             return original(reducer, state, hook)
         ddp, frame = ddp_and_caller(sys._getframe(1))
@@ -235,55 +235,28 @@ def _comm_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     return _comm_patch(original)
 
 
-def watch_node_hooks(callbacks: Any) -> Callable[[], None]:
+def watch_node_hooks(callbacks: Any, ledger: Ledger) -> None:
     """The node-hook patch alone, while no capture is open (registrations watched before it opens,
     capture/steps.py): `callbacks.on_node_hook(dict, handle, kind, node, frame)` is called for each
-    node hook registered, as a capture's is. Returns what puts PyTorch's function back."""
-    global _current
-    if _current is not None:
-        raise RuntimeError("another capture's autograd patches are installed")
-    original = vars(autograd_function._HookMixin)["_register_hook"]
-    _current = callbacks
-    autograd_function._HookMixin._register_hook = staticmethod(_register_hook)  # type: ignore[method-assign]
-
-    def restore() -> None:
-        global _current
-        if _current is callbacks:
-            _current = None
-        autograd_function._HookMixin._register_hook = original  # type: ignore[method-assign]
-
-    return restore
+    node hook registered, as a capture's is. `ledger` records it, and its owner puts it back."""
+    ledger.claim("callbacks", callbacks, "autograd patches")
+    ledger.set(autograd_function._HookMixin, "_register_hook", staticmethod(_register_hook))
 
 
-class Installed:
-    """The patches for one capture; `restore()` puts PyTorch's functions back."""
-
-    def __init__(self, callbacks: Any) -> None:
-        global _current
-        if _current is not None:
-            raise RuntimeError("another capture's autograd patches are installed")
-        self._saved: list[tuple[Any, str, Any]] = []
-        _current = callbacks
-        try:
-            self._set(autograd_function._HookMixin, "_register_hook", staticmethod(_register_hook))
-            self._set(saved_tensors_hooks, "__enter__", _enter)
-            if _UNPACK_HOOK is not None:
-                self._set(_SAVED_TENSOR, "unpack_hook", _UNPACK_HOOK)
-            dist = getattr(torch, "distributed", None)
-            original = getattr(dist, "_register_comm_hook", None) if dist is not None else None
-            if original is not None:
-                self._set(dist, "_register_comm_hook", _comm_wrapper(original))
-        except BaseException:
-            self.restore()
-            raise
-
-    def _set(self, owner: Any, name: str, value: Any) -> None:
-        self._saved.append((owner, name, vars(owner)[name]))
-        setattr(owner, name, value)
-
-    def restore(self) -> None:
-        global _current
-        _current = None
-        while self._saved:
-            owner, name, original = self._saved.pop()
-            setattr(owner, name, original)
+def install(callbacks: Any, ledger: Ledger) -> None:
+    """The patches for one capture, recorded in `ledger`: node-hook registration, saved-tensor
+    hooks, DDP comm hook registration; they report to `callbacks` (the session)."""
+    start = ledger.mark()
+    ledger.claim("callbacks", callbacks, "autograd patches")
+    try:
+        ledger.set(autograd_function._HookMixin, "_register_hook", staticmethod(_register_hook))
+        ledger.set(saved_tensors_hooks, "__enter__", _enter)
+        if _UNPACK_HOOK is not None:
+            ledger.set(_SAVED_TENSOR, "unpack_hook", _UNPACK_HOOK)
+        dist = getattr(torch, "distributed", None)
+        original = getattr(dist, "_register_comm_hook", None) if dist is not None else None
+        if dist is not None and original is not None:
+            ledger.set(dist, "_register_comm_hook", _comm_wrapper(original))
+    except BaseException:
+        ledger.restore(to=start)
+        raise

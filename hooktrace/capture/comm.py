@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 from . import sites
 from .dynamo import skip_frame_calling_user_code
+from .ledger import Ledger
 
 _PLACEHOLDER = 918_273_645_546_372_819  # the constant the trampoline's code holds the copy in
 _lock = threading.RLock()  # defined_at reads the swaps while trace_hook makes a shim
@@ -104,8 +105,10 @@ def dispatch(copy: types.FunctionType, args: tuple, kwargs: dict) -> Any:
     return copy(*args, **kwargs)
 
 
-def trace_hook(hook: Any, make_shim: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    """Trace `hook`'s calls until `restore()`: `make_shim(original)` gives the recording shim.
+def trace_hook(
+    hook: Any, make_shim: Callable[[Callable[..., Any]], Callable[..., Any]], ledger: Ledger
+) -> bool:
+    """Trace `hook`'s calls until `ledger` is restored: `make_shim(original)` gives the recording shim.
 
     False when it cannot be traced (a builtin, a coroutine or generator function).
     """
@@ -125,8 +128,10 @@ def trace_hook(hook: Any, make_shim: Callable[[Callable[..., Any]], Callable[...
             copy.__kwdefaults__ = function.__kwdefaults__
             copy.__qualname__ = function.__qualname__
             swap = _Swap(function, copy)
-            function.__code__ = _trampoline(function, copy)
-            _swaps[id(copy)] = swap
+            key = id(copy)
+            ledger.on_restore(lambda: _forget(key))  # after the function has its own code back
+            ledger.swap_code(function, _trampoline(function, copy))
+            _swaps[key] = swap
         # the shim calls the original code with the arguments the function got (a method's self and a
         # partial's arguments included)
         swap.entries.append(_Entry(bound_self, make_shim(swap.copy)))
@@ -145,12 +150,9 @@ def defined_at(hook: Any) -> Optional[str]:
     return sites.code_defined_at(swap.code) if swap is not None else where
 
 
-def restore() -> None:
-    """Every swapped function gets its own code back."""
+def _forget(key: int) -> None:
     with _lock:
-        for swap in list(_swaps.values()):
-            swap.function.__code__ = swap.code
-        _swaps.clear()
+        _swaps.pop(key, None)
 
 
 def ddp_modules_in(modules: Iterable[Any]) -> list[Any]:

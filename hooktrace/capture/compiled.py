@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from . import shims
+from .ledger import Ledger
 
 # (enter seq, exit seq, hook ids in the graph's order) per run of a compiled-autograd graph
 Run = tuple[int, int, tuple[int, ...]]
@@ -80,12 +81,12 @@ def _hook_slots(graph: Any, call_hook: Any) -> list[int]:
 
 
 class Installed:
-    """The end_capture patch of one capture; `runs` what it saw, `note` why it is not installed."""
+    """The end_capture patch of one capture, recorded in `ledger`; `runs` what it saw, `note` why it
+    is not installed."""
 
-    def __init__(self, rec: shims.Recorder) -> None:
+    def __init__(self, rec: shims.Recorder, ledger: Ledger) -> None:
         self.runs: list[Run] = []
         self.note: Optional[str] = None
-        self._patched: Optional[tuple[Any, Callable[..., Any]]] = None
         if "torch._dynamo" not in sys.modules:
             return  # never imports Dynamo: compiled autograd needs it imported before backward runs
         try:
@@ -128,14 +129,7 @@ class Installed:
             return hooktrace_compiled_backward, compiled
 
         end_capture.__wrapped__ = original  # type: ignore[attr-defined]
-        cls.end_capture = end_capture
-        self._patched = (cls, original)
-
-    def restore(self) -> None:
-        if self._patched is not None:
-            cls, original = self._patched
-            cls.end_capture = original
-            self._patched = None
+        ledger.set(cls, "end_capture", end_capture)
 
 
 def _signature_is(fn: Any, names: list[str]) -> bool:

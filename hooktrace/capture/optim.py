@@ -28,6 +28,7 @@ import torch
 import torch.optim.optimizer as optim_module
 
 from . import dicts, shims, views
+from .ledger import CURRENT, Ledger
 
 ATTRS = tuple(attr for attr, _ in dicts.OPTIMIZER_DICTS)
 _READ = views.reads("self", ATTRS, r"_global_optimizer_(?:pre|post)_hooks")
@@ -58,8 +59,6 @@ _STEP_CALL = (
     f"out = (func(*args, **kwargs) if {_COMPILING} else {_IMPORT.format('optim', 'step_call')}(func, args, kwargs))",
 )
 _record_function: Any = torch.autograd.profiler.record_function
-# Called when an outermost `optimizer.step()` returns on its thread (capture/steps.py sets it).
-on_step_end: Optional[Any] = None
 
 
 class _StepScope(_record_function):
@@ -79,7 +78,7 @@ class _StepScope(_record_function):
         else:
             shims.STEPPING.pop(tid, None)
         result = super().__exit__(*exc)
-        watch = on_step_end
+        watch = CURRENT.on_step_end  # an outermost `optimizer.step()` returned (capture/steps.py)
         if depth <= 0 and exc[0] is None and watch is not None:
             watch()  # may end the window, or stop the script (hooktrace exec)
         return result
@@ -102,7 +101,7 @@ def _outside_step(closure: Any) -> Any:
 def step_call(func: Any, args: Any, kwargs: Any) -> Any:
     """The step's own `func(*args, **kwargs)`; while a capture is open, a closure it was given runs
     outside the optimizer phase (its forward and backward are the step's model work, not the update)."""
-    if views._viewer is not None and not views._is_compiling():
+    if CURRENT.viewer is not None and not views._is_compiling():
         if callable(kwargs.get("closure")):
             kwargs = {**kwargs, "closure": _outside_step(kwargs["closure"])}
         elif len(args) == 2 and callable(args[1]) and not kwargs:
@@ -111,7 +110,7 @@ def step_call(func: Any, args: Any, kwargs: Any) -> Any:
 
 
 def step_scope(name: str) -> Any:
-    if (views._viewer is None and on_step_end is None) or views._is_compiling():
+    if (CURRENT.viewer is None and CURRENT.on_step_end is None) or views._is_compiling():
         return _record_function(name)
     return _StepScope(name)
 
@@ -164,50 +163,34 @@ def _wrapper_code(profile_hook_step: Any) -> Optional[CodeType]:
     return codes[0] if len(codes) == 1 else None
 
 
-class Installed:
-    """The optimizer copies for one capture; `restore()` puts PyTorch's own back everywhere."""
+def install(ledger: Ledger) -> None:
+    """The optimizer copies for one capture, recorded in `ledger`: `state_dict` / `load_state_dict`
+    on `Optimizer`, and the copy's code in every step wrapper (see the module docstring)."""
+    made = copies()
+    own = vars(torch.optim.Optimizer).get("profile_hook_step")
+    copy = made.copies.get("profile_hook_step")
+    own_step, copy_step = _wrapper_code(own), _wrapper_code(copy)
+    start = ledger.mark()
+    try:
+        if own_step is not None and copy_step is not None:
+            # undone last: wrappers made inside the block (classes first patched there) get PyTorch's code too
+            ledger.on_restore(lambda: _own_code_back(own_step, copy_step))
+        for name, value in made.copies.items():
+            if name != "profile_hook_step":
+                ledger.set(torch.optim.Optimizer, name, value)
+        if own_step is not None and copy_step is not None:
+            ledger.swap_code(views._plain(own), views._plain(copy).__code__)
+            for cls in _classes():
+                step = vars(cls).get("step")
+                if getattr(step, "__code__", None) is own_step:
+                    ledger.swap_code(step, copy_step)
+    except BaseException:
+        ledger.restore(to=start)
+        raise
 
-    def __init__(self) -> None:
-        made = copies()
-        self._saved: list[tuple[type, str, Any]] = []
-        self._swapped: list[tuple[Any, CodeType]] = []  # (function, its own code)
-        own = vars(torch.optim.Optimizer).get("profile_hook_step")
-        copy = made.copies.get("profile_hook_step")
-        self._own_step = _wrapper_code(own)
-        self._copy_step = _wrapper_code(copy)
-        try:
-            for name, value in made.copies.items():
-                if name != "profile_hook_step":
-                    self._set(torch.optim.Optimizer, name, value)
-            if self._own_step is not None and self._copy_step is not None:
-                self._swap(views._plain(own), views._plain(copy).__code__)
-                for cls in _classes():
-                    step = vars(cls).get("step")
-                    if getattr(step, "__code__", None) is self._own_step:
-                        self._swap(step, self._copy_step)
-        except BaseException:
-            self.restore()
-            raise
 
-    def _set(self, cls: type, name: str, value: Any) -> None:
-        self._saved.append((cls, name, vars(cls)[name]))
-        setattr(cls, name, value)
-
-    def _swap(self, fn: Any, code: CodeType) -> None:
-        self._swapped.append((fn, fn.__code__))
-        fn.__code__ = code
-
-    def restore(self) -> None:
-        while self._saved:
-            cls, name, original = self._saved.pop()
-            setattr(cls, name, original)
-        while self._swapped:
-            fn, code = self._swapped.pop()
-            fn.__code__ = code
-        if self._copy_step is None or self._own_step is None:
-            return
-        # wrappers made inside the block (classes first patched there) get PyTorch's code too
-        for cls in _classes():
-            step = vars(cls).get("step")
-            if step is not None and getattr(step, "__code__", None) is self._copy_step:
-                step.__code__ = self._own_step
+def _own_code_back(own_step: CodeType, copy_step: CodeType) -> None:
+    for cls in _classes():
+        step = vars(cls).get("step")
+        if step is not None and getattr(step, "__code__", None) is copy_step:
+            step.__code__ = own_step

@@ -1,7 +1,7 @@
 """Where PyTorch keeps hooks, and interception of every `register_*` call while capturing.
 
-Patches are installed on entry and removed in `finally`; each patched function calls the
-original and then reports the new handle to `on_register`, so PyTorch's own behaviour
+Patches are recorded in the capture's ledger on entry and undone in `finally`; each patched function
+calls the original and then reports the new handle to `on_register`, so PyTorch's own behaviour
 (ids, dict order, extra dicts, `prepend`) is exactly what it would have been.
 """
 
@@ -11,7 +11,7 @@ import functools
 import inspect
 import sys
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.nn.modules.module as nn_module
@@ -20,6 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .. import kinds
 from ..kinds import GLOBAL, MODULE, OPTIMIZER, TENSOR
+from .ledger import CURRENT, Ledger
 from .views import _is_compiling
 
 # (name, kind) of every `register_*` function, from the kinds table: methods of nn.Module, Tensor
@@ -40,12 +41,11 @@ def _signature(function: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(function)
 
 
-# The interceptor of the capture that is running (captures do not nest). The wrappers it patches
-# in are made once per process (cached), for each of PyTorch's functions, and report
-# to whichever interceptor is installed; a reference to one kept after its capture (a
-# `from torch.nn.modules.module import register_...` run inside the block) passes calls straight
-# through. Nested registrations (a register_* calling another) are counted per thread.
-_installed: Optional[Interceptor] = None
+# The wrappers an interceptor patches in are made once per process (cached), for each of PyTorch's
+# functions, and report to the interceptor installed (`CURRENT.interceptor`; captures do not nest); a
+# reference to one kept after its capture (a `from torch.nn.modules.module import register_...` run
+# inside the block) passes calls straight through. Nested registrations (a register_* calling
+# another) are counted per thread.
 _depth = threading.local()
 
 
@@ -55,7 +55,7 @@ def _register_wrapper(original: Callable[..., Any], kind: str, is_global: bool) 
 
     @functools.wraps(original)
     def register(*args: Any, **kwargs: Any) -> Any:
-        interceptor = _installed
+        interceptor = CURRENT.interceptor
         if interceptor is None or getattr(_depth, "depth", 0) > 0 or _is_compiling():
             return original(*args, **kwargs)  # no capture, nested, or Dynamo tracing the call
         _depth.depth = 1
@@ -80,7 +80,7 @@ def _handle_init_wrapper(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def __init__(handle: RemovableHandle, *args: Any, **kwargs: Any) -> None:
         original(handle, *args, **kwargs)
-        interceptor = _installed
+        interceptor = CURRENT.interceptor
         if interceptor is not None and getattr(_depth, "depth", 0) == 0:
             interceptor._on_handle(handle, sys._getframe(1))
 
@@ -91,7 +91,7 @@ def _handle_init_wrapper(original: Callable[..., None]) -> Callable[..., None]:
 def _remove_wrapper(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def remove(handle: RemovableHandle) -> None:
-        interceptor = _installed
+        interceptor = CURRENT.interceptor
         if interceptor is not None:
             interceptor._on_remove(handle)
         original(handle)
@@ -100,7 +100,7 @@ def _remove_wrapper(original: Callable[..., None]) -> Callable[..., None]:
 
 
 class Interceptor:
-    """Installs and removes the registration patches; reports each registration once.
+    """Installs the registration patches (a ledger undoes them); reports each registration once.
 
     `on_register(handle, kind, owner, arguments, frame)` is called after PyTorch registered the
     hook (owner: the module, the tensor, or None for global hooks). `on_handle(handle, frame)` is
@@ -118,23 +118,20 @@ class Interceptor:
         self._on_register = on_register
         self._on_handle = on_handle
         self._on_remove = on_remove
-        self._saved: list[tuple[Any, str, Any]] = []
 
-    # -- install / restore ---------------------------------------------------------------
-    def install(self) -> None:
-        global _installed
-        if _installed is not None:
-            raise RuntimeError("another capture's registration patches are installed")
-        _installed = self
+    # -- install (the ledger's owner restores) ---------------------------------------------
+    def install(self, ledger: Ledger) -> None:
+        """Patch every `register_*` entry point, and `RemovableHandle`, recording each in `ledger`."""
+        start = ledger.mark()
+        ledger.claim("interceptor", self, "registration patches")
+        patch = ledger.set
         try:
             for name, kind in MODULE_METHODS:
                 if name in vars(torch.nn.Module):
-                    self._patch(
-                        torch.nn.Module, name, _register_wrapper(vars(torch.nn.Module)[name], kind, False)
-                    )
+                    patch(torch.nn.Module, name, _register_wrapper(vars(torch.nn.Module)[name], kind, False))
             for name, kind in TENSOR_METHODS:
                 if name in vars(torch.Tensor):
-                    self._patch(torch.Tensor, name, _register_wrapper(vars(torch.Tensor)[name], kind, False))
+                    patch(torch.Tensor, name, _register_wrapper(vars(torch.Tensor)[name], kind, False))
             for name, kind in GLOBAL_FUNCTIONS:
                 original = getattr(nn_module, name, None)
                 if original is None:
@@ -142,11 +139,11 @@ class Interceptor:
                 patched = _register_wrapper(original, kind, True)
                 for namespace in (nn_module, torch.nn.modules, torch.nn):
                     if getattr(namespace, name, None) is original:
-                        self._patch(namespace, name, patched)
+                        patch(namespace, name, patched)
             optimizer = torch.optim.Optimizer
             for name, kind in OPTIMIZER_METHODS:
                 if name in vars(optimizer):
-                    self._patch(optimizer, name, _register_wrapper(vars(optimizer)[name], kind, False))
+                    patch(optimizer, name, _register_wrapper(vars(optimizer)[name], kind, False))
             for name, kind in OPTIMIZER_FUNCTIONS:
                 original = getattr(optim_module, name, None)
                 if original is None:
@@ -154,23 +151,9 @@ class Interceptor:
                 patched = _register_wrapper(original, kind, True)
                 for namespace in (optim_module, torch.optim):
                     if getattr(namespace, name, None) is original:
-                        self._patch(namespace, name, patched)
-            self._patch(RemovableHandle, "__init__", _handle_init_wrapper(vars(RemovableHandle)["__init__"]))
-            self._patch(RemovableHandle, "remove", _remove_wrapper(vars(RemovableHandle)["remove"]))
+                        patch(namespace, name, patched)
+            patch(RemovableHandle, "__init__", _handle_init_wrapper(vars(RemovableHandle)["__init__"]))
+            patch(RemovableHandle, "remove", _remove_wrapper(vars(RemovableHandle)["remove"]))
         except BaseException:
-            self.restore()
+            ledger.restore(to=start)
             raise
-
-    def restore(self) -> None:
-        global _installed
-        while self._saved:
-            owner, name, original = self._saved.pop()
-            setattr(owner, name, original)
-        if _installed is self:
-            _installed = None
-
-    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        self._saved.append(
-            (owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name))
-        )
-        setattr(owner, name, replacement)

@@ -38,10 +38,10 @@ from . import (
     sites,
     views,
 )
+from .ledger import CURRENT, Ledger
 from .records import HookBook, Site
 from .tensors import TensorNamer, dtype_and_device
 
-_ACTIVE: Optional[TraceSession] = None
 _TENSOR_KINDS = frozenset(kind for _, kind in dicts.TENSOR_DICTS)
 
 
@@ -90,11 +90,10 @@ class TraceSession:
         self._book = HookBook(self._rec, self._path_of)
         self._run_codes: set[Any] = set()
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)
-        self._interceptor: Optional[registry.Interceptor] = None
-        self._views: Optional[views.Installed] = None
+        # every patch of the block: registration patches first, then (from `_walk_mark`) the rest
+        self._ledger = Ledger()
+        self._walk_mark = 0
         self._module_call: Any = None
-        self._optim: Optional[optim.Installed] = None
-        self._autograd: Optional[autograd.Installed] = None
         self._compiled: Optional[compiled.Installed] = None
         self._lock = threading.Lock()  # registration callbacks on other threads vs. the end of the block
         self._active = False
@@ -103,8 +102,7 @@ class TraceSession:
 
     # -- public API ----------------------------------------------------------------------
     def __enter__(self) -> TraceSession:
-        global _ACTIVE
-        if _ACTIVE is not None:
+        if CURRENT.session is not None:
             raise RuntimeError(
                 "hooktrace.trace() is already active; nested or concurrent tracing is not supported. "
                 "Finish the outer `with hooktrace.trace(...)` block first."
@@ -115,7 +113,7 @@ class TraceSession:
             raise RuntimeError(
                 "mark_step() was called before the `with hooktrace.trace(...)` block; call it inside"
             )
-        _ACTIVE = self
+        self._ledger.set(CURRENT, "session", self)
         self._active = True
         self._start_ns = time.perf_counter_ns()
         self._meta.created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -234,8 +232,9 @@ class TraceSession:
     def _install(self) -> None:
         supported.require()
         dynamo.skip_own_frames(shims.SHIM_CODES)  # once per process; later captures find nothing new
-        self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
-        self._interceptor.install()
+        ledger = self._ledger
+        registry.Interceptor(self._on_register, self._on_handle, self._on_remove).install(ledger)
+        self._walk_mark = ledger.mark()  # what follows is undone before the walk, the registrations after
         module_call = shims.make_module_call(
             self._rec,
             vars(torch.nn.Module)["__call__"],
@@ -246,43 +245,34 @@ class TraceSession:
         )
         self._run_codes.add(module_call.__code__)
         self._module_call = module_call
-        self._views = views.Installed(self._book, module_call, self._namer.on_output)
-        self._optim = optim.Installed()
-        self._autograd = autograd.Installed(self)
-        self._compiled = compiled.Installed(self._rec)
+        views.install(self._book, module_call, self._namer.on_output, ledger)
+        optim.install(ledger)
+        autograd.install(self, ledger)
+        self._compiled = compiled.Installed(self._rec, ledger)
         if self._compiled.note is not None:
             warnings.warn(self._compiled.note, RuntimeWarning, stacklevel=3)
 
     def _finish(self) -> None:
-        global _ACTIVE
         with gc_paused():
             final: Optional[ending.Final] = None
             try:
                 with self._lock:
                     self._active = False
-                comm.restore()  # comm hooks' own code back: the reducer calls the user's hook as it is
-                if self._autograd is not None:
-                    self._autograd.restore()
-                if self._compiled is not None:
-                    self._compiled.restore()
-                if self._optim is not None:
-                    self._optim.restore()
-                if self._views is not None:
-                    self._views.restore()
+                # last patch first: comm hooks' own code (the reducer calls the user's hook as it is),
+                # compiled autograd's, autograd's functions, the optimizers', nn.Module's
+                self._ledger.restore(to=self._walk_mark)
+                if self._module_call is not None:
                     shims.end_module_call(self._module_call)
                 # the walk puts tensor hooks back: removals on other threads are still seen meanwhile
                 named, self._roots = ending.modules_of(self._rec, self._model)
                 final = ending.walk(self._book, self._rec, self._model, named)
             finally:
-                if self._interceptor is not None:
-                    self._interceptor.restore()
+                self._ledger.restore()  # the registration patches, and this session's place
                 if final is None:  # the walk failed: at least no shim stays in a tensor's dict
                     for ref, _owner, scope in list(self._book.seen_dicts.values()):
                         d = ref()
                         if d is not None and scope in dicts.IN_PLACE_SCOPES:
                             self._book.unwrap(d)
-                if _ACTIVE is self:
-                    _ACTIVE = None
             if final is not None:
                 self._held = set(final.order)
             try:
@@ -409,13 +399,13 @@ class TraceSession:
         site = self._site(frame) if frame is not None else None
         with self._lock:
             if self._active:
-                comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call))
+                comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call), self._ledger)
 
     def comm_hook_at(self, ddp: Any, hook: Any, site: Optional[Site]) -> None:
         """A DDP comm hook registered before this capture, at `site` (`hooktrace exec` saw it)."""
         with self._lock:
             if self._active:
-                comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call))
+                comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call), self._ledger)
 
     # -- hooks the model holds --------------------------------------------------------------
     def _path_of(self, module: Any) -> Optional[str]:
@@ -465,5 +455,3 @@ class TraceSession:
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)
         self._model = None
         self._roots = []
-        self._interceptor = None
-        self._views = None

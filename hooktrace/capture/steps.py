@@ -20,13 +20,14 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.autograd
 
 from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER
 from . import autograd, dicts, optim, registry, shims, sites
+from .ledger import CURRENT, Ledger
 from .records import Site
 from .views import _is_compiling
 
@@ -41,49 +42,40 @@ class StepWatch:
             raise ValueError(f"step_on must be one of {STEP_ON}")
         self.step_on = step_on
         self._on_step_end = on_step_end
-        self._optim: Optional[optim.Installed] = None
-        self._saved: list[tuple[Any, str, Any]] = []
+        self._ledger = Ledger()
         self._inner: list[Any] = []  # forward: what the counting `__call__` calls
+        self._own_call: Any = None  # forward: PyTorch's `__call__`, under the counting one
         self._counting: Any = None
 
     def install(self) -> None:
+        ledger = self._ledger
         if self.step_on == STEP_OPTIMIZER:
-            optim.on_step_end = self._on_step_end
-            self._optim = optim.Installed()
+            ledger.set(CURRENT, "on_step_end", self._on_step_end)
+            optim.install(ledger)
         elif self.step_on == STEP_BACKWARD:
             counting = self._counting_backward(torch.autograd.backward)
-            self._set(torch.autograd, "backward", counting)  # not a kind: torch.autograd.backward
+            ledger.set(torch.autograd, "backward", counting)  # not a kind: torch.autograd.backward
         else:
-            self._inner[:] = [vars(torch.nn.Module)["__call__"]]
-            self._set(torch.nn.Module, "__call__", self._counting_call(self._inner[0]))
+            self._own_call = vars(torch.nn.Module)["__call__"]
+            self._inner[:] = [self._own_call]
+            ledger.set(torch.nn.Module, "__call__", self._counting_call(self._own_call))
 
     def rewrap(self) -> None:
         """forward: count around whatever `nn.Module.__call__` is now (a capture's wrapper when the
         window has just opened, PyTorch's own when it has just closed)."""
-        if self.step_on != STEP_FORWARD or not self._saved:
+        if self.step_on != STEP_FORWARD or not len(self._ledger):
             return
         current = vars(torch.nn.Module)["__call__"]
         if current is self._counting:  # the window closed: the capture put the counter back
-            self._inner[0] = self._saved[0][2]
+            self._inner[0] = self._own_call
         else:  # the window opened: count around the capture's wrapper until it closes
             self._inner[0] = current
-            torch.nn.Module.__call__ = self._counting  # type: ignore[method-assign]
+            # the counter again, over the capture's patch: the capture's ledger puts it back when the
+            # window closes, this one PyTorch's own at the end
+            self._ledger.set(torch.nn.Module, "__call__", self._counting)
 
     def restore(self) -> None:
-        if optim.on_step_end is self._on_step_end:
-            optim.on_step_end = None
-        if self._optim is not None:
-            self._optim.restore()
-            self._optim = None
-        while self._saved:
-            owner, name, original = self._saved.pop()
-            setattr(owner, name, original)
-
-    def _set(self, owner: Any, name: str, value: Any) -> None:
-        self._saved.append(
-            (owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name))
-        )
-        setattr(owner, name, value)
+        self._ledger.restore()
 
     def _counting_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         depth: dict[int, int] = {}
@@ -148,36 +140,29 @@ class Registrations:
         self._during_run = during_run
         self.tensors: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._interceptor = registry.Interceptor(self._on_register, self._on_handle, self._on_remove)
-        self._installed = False
-        self._comm: Optional[tuple[Any, Any]] = None  # (torch.distributed, its _register_comm_hook)
+        self._ledger = Ledger()
         self.comm_hooks: list[tuple[Any, Any, Site]] = []  # (weakref to the DDP module, hook, site)
         # autograd nodes that got hooks (an AccumulateGrad's outlive a step): id(dict) -> (weakref
         # to the node's hook dict, kind, weakref to the node's variable or None)
         self.node_dicts: dict[int, tuple[Any, str, Any]] = {}
-        self._unwatch_nodes: Optional[Callable[[], None]] = None
 
     def install(self) -> None:
-        if not self._installed:
-            self._interceptor.install()
-            self._installed = True
+        ledger = self._ledger
+        if len(ledger):  # installed already
+            return
+        try:
+            self._interceptor.install(ledger)
             dist = getattr(torch, "distributed", None)
             original = getattr(dist, "_register_comm_hook", None) if dist is not None else None
             if dist is not None and original is not None:
-                self._comm = (dist, original)
-                dist._register_comm_hook = self._comm_patch(original)
-            self._unwatch_nodes = autograd.watch_node_hooks(self)
+                ledger.set(dist, "_register_comm_hook", self._comm_patch(original))
+            autograd.watch_node_hooks(self, ledger)
+        except BaseException:
+            ledger.restore()
+            raise
 
     def pause(self) -> None:
-        if self._installed:
-            self._interceptor.restore()
-            self._installed = False
-            if self._comm is not None:
-                dist, original = self._comm
-                dist._register_comm_hook = original
-                self._comm = None
-            if self._unwatch_nodes is not None:
-                self._unwatch_nodes()
-                self._unwatch_nodes = None
+        self._ledger.restore()
 
     def on_node_hook(self, d: dict, handle: Any, kind: str, node: Any, frame: Any) -> None:
         """A hook registered on an autograd node (capture/autograd.py calls this): where, and the

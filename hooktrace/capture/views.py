@@ -30,6 +30,7 @@ import torch.nn.modules.module as nn_module
 from .. import supported
 from ..supported import UnsupportedTorch
 from . import dicts
+from .ledger import CURRENT, Ledger
 
 # The global hook dicts and flags, read live from PyTorch's module, not from the copies' namespace:
 # module.py rebinds some (`global X`), and code that resets the global hooks (PyTorch's own tests'
@@ -66,7 +67,6 @@ class Viewer(Protocol):
     def forward_wrapper(self, module: Any, forward: Any) -> Any: ...
 
 
-_viewer: Optional[Viewer] = None
 try:
     _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 except AttributeError:  # torch < 2.3
@@ -75,7 +75,7 @@ except AttributeError:  # torch < 2.3
 
 def hooktrace_view(d: Any, owner: Any, attr: str) -> Any:
     """What PyTorch's copied code iterates instead of the hook dict `d` (see the module docstring)."""
-    viewer = _viewer
+    viewer = CURRENT.viewer
     if viewer is None or not d or _is_compiling():
         return d
     return viewer.view(d, owner, attr)
@@ -272,13 +272,11 @@ _OUTPUT_READS = (
         r"\1if non_full_backward_hooks and _hooktrace_output(self, result) is result:",
     ),
 )
-_on_output: Optional[Callable[[Any, Any], None]] = None
-_run_compiled: Optional[Callable[[Any, Any, tuple, dict], Any]] = None  # shims.make_module_call's
 
 
 def hooktrace_output(module: Any, result: Any) -> Any:
     """`result`, after telling the capture (if one is open) that `module` returned it."""
-    on_output = _on_output
+    on_output = CURRENT.on_output
     if on_output is not None:
         on_output(module, result)
     return result
@@ -286,13 +284,13 @@ def hooktrace_output(module: Any, result: Any) -> Any:
 
 def hooktrace_forward(module: Any) -> Any:
     """What `_call_impl`'s copy calls as `forward`: a recording shim when `forward` is the instance's own."""
-    viewer = _viewer
+    viewer = CURRENT.viewer
     md = module.__dict__
     # not a kind: "forward" is the attribute
     if viewer is None or "forward" not in md or _is_compiling():
         return module.forward  # not a capture
     if "_orig_mod" in md.get("_modules", ()):  # torch.compile(m)'s own forward (the call is recorded)
-        run = _run_compiled
+        run = CURRENT.run_compiled  # shims.make_module_call's
         if run is None:
             return module.forward
         compiled, inner = md["forward"], md["_modules"]["_orig_mod"]  # not a kind: the method
@@ -345,45 +343,25 @@ def copies() -> _Copies:
     return _made
 
 
-class Installed:
-    """The copies (and the `__call__` wrapper) on `nn.Module` for one capture; `restore()` undoes it."""
-
-    def __init__(
-        self, viewer: Viewer, module_call: Callable[..., Any], on_output: Callable[[Any, Any], None]
-    ) -> None:
-        global _viewer, _on_output, _run_compiled
-        made = copies()
-        self._saved: list[tuple[str, Any]] = []
-        if _viewer is not None:
-            raise RuntimeError("another capture's views are installed")
-        _viewer = viewer
-        _on_output = on_output
-        _run_compiled = getattr(module_call, "run_compiled", None)
-        self._namespace = made.namespace
-        try:
-            self._namespace[FAST_VIEW_NAME] = viewer.view
-            for name, copy in made.copies.items():
-                if name == "_call_impl":  # the `__call__` wrapper calls it; `_call_impl` stays PyTorch's
-                    continue
-                self._set(name, copy)
-            self._set("__call__", module_call)
-        except BaseException:
-            self.restore()
-            raise
-
-    def _set(self, name: str, value: Any) -> None:
-        self._saved.append((name, vars(torch.nn.Module)[name]))
-        setattr(torch.nn.Module, name, value)
-
-    def restore(self) -> None:
-        global _viewer, _on_output, _run_compiled
-        _viewer = None
-        _on_output = None
-        _run_compiled = None
-        self._namespace[FAST_VIEW_NAME] = hooktrace_view  # inert now: returns the dict itself
-        while self._saved:
-            name, original = self._saved.pop()
-            setattr(torch.nn.Module, name, original)
+def install(
+    viewer: Viewer, module_call: Callable[..., Any], on_output: Callable[[Any, Any], None], ledger: Ledger
+) -> None:
+    """The copies (and the `__call__` wrapper) on `nn.Module` for one capture, recorded in `ledger`."""
+    made = copies()
+    start = ledger.mark()
+    ledger.claim("viewer", viewer, "views")
+    try:
+        ledger.set(CURRENT, "on_output", on_output)
+        ledger.set(CURRENT, "run_compiled", getattr(module_call, "run_compiled", None))
+        ledger.set_item(made.namespace, FAST_VIEW_NAME, viewer.view)  # back to the inert hooktrace_view
+        for name, copy in made.copies.items():
+            if name == "_call_impl":  # the `__call__` wrapper calls it; `_call_impl` stays PyTorch's
+                continue
+            ledger.set(torch.nn.Module, name, copy)
+        ledger.set(torch.nn.Module, "__call__", module_call)
+    except BaseException:
+        ledger.restore(to=start)
+        raise
 
 
 def call_impl_copy() -> Any:
