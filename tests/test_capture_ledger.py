@@ -5,6 +5,7 @@ another, and under `exec`'s registration watch and step watch."""
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any
 
@@ -115,6 +116,10 @@ def _owners() -> list[Any]:
     owners += [torch._C._autograd.SavedTensor, torch.autograd]
     if torch.distributed.is_available():
         owners.append(torch.distributed)
+    if "torch._dynamo" in sys.modules:  # compiled autograd's end_capture (capture/compiled.py)
+        from torch._dynamo import compiled_autograd
+
+        owners.append(compiled_autograd.AutogradCompilerInstance)
     return owners
 
 
@@ -177,6 +182,8 @@ def _train_step(m: nn.Module, opt: torch.optim.Optimizer) -> None:
 
 
 def test_every_patch_of_a_session_is_undone() -> None:
+    import torch._dynamo  # noqa: F401 - so the compiled-autograd patch is made and checked too
+
     m = _model()
     opt = torch.optim.AdamW(m.parameters())
     before = _state()
