@@ -262,7 +262,8 @@ def prepare(target: Target, options: RunOptions = RunOptions()) -> Prepared:
     if dev is not None:
         before = dict(model.named_parameters())
         try:
-            model = model.to(dev) or model  # nn.Module.to returns self; tolerate overrides returning None
+            moved = model.to(dev)  # nn.Module.to returns self; tolerate overrides returning None
+            model = model if moved is None else moved  # no truth test: it would call a module's __len__
         except NotImplementedError as exc:  # "Cannot copy out of meta tensor"
             raise UsageError(
                 f"--device {options.device}: cannot move the model ({_first_line(exc)}); "

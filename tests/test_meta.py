@@ -552,3 +552,29 @@ def test_nproc_ranks_each_run_dry_on_meta_with_shapes(tmp_path: Path) -> None:
         assert names == Path(f"{log}.rank{rank}").read_text().split()  # the hooks' own record
         assert len(names) == 3
         assert [e.shapes for e in trace.hook_events()][0] == "(f32[4,8] meta,)"
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_device_on_a_factory_returning_a_compiled_model(tmp_path, device):
+    """`torch.compile(model)`'s wrapper is moved without a truth test: `bool()` on it calls the module's
+    `__len__` (Linear has none: 'Linear does not support len()')."""
+    factory = write(
+        tmp_path / "compiled.py",
+        """
+        import torch
+        from torch import nn
+
+        LOG = []
+
+        def make():
+            m = nn.Linear(4, 2)
+            m.register_forward_hook(lambda mod, i, o: LOG.append("fwd"))
+            return torch.compile(m, backend="eager")
+        """,
+    )
+    out = tmp_path / "t.json"
+    code, _, err = invoke("run", f"{factory}:make", "--input", "3,4", "--device", device, "-o", str(out))
+    assert code == 0, err
+    trace = hooktrace.load(out)
+    assert [h.kind for h in trace.hooks] == ["forward"] and trace.meta.device == device
+    assert [e.module for e in trace.events if e.type == "enter"] == [""]  # the model ran, once
