@@ -130,8 +130,15 @@ class HookOrder:
         self._request.node.user_properties.append((_USED, str(path)))
         text = order_text(trace)
         shown = self._shown(path)
-        if path.exists() and not path.is_file():
-            what = "a folder" if path.is_dir() else "not a regular file"
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            # a link is refused as a FIFO is: writing through it would overwrite a file outside the tests
+            what = (
+                "a symbolic link"
+                if path.is_symlink()
+                else "a folder"
+                if path.is_dir()
+                else "not a regular file"
+            )
             pytest.fail(
                 f"the snapshot path {shown} is {what}, not a file: remove it, then run pytest {UPDATE}",
                 pytrace=False,
@@ -145,7 +152,10 @@ class HookOrder:
                 "then review and commit it",
                 pytrace=False,
             )
-        raw = path.read_bytes()
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            pytest.fail(f"cannot read the snapshot {shown}: {exc.strerror or exc}", pytrace=False)
         if raw == text.encode("utf-8"):
             return
         expected = self._read(raw, shown)
@@ -186,11 +196,15 @@ class HookOrder:
     def _write(self, path: Path, text: str, shown: str) -> None:
         from .io import write_atomic
 
-        if path.is_file() and path.read_bytes() == text.encode("utf-8"):
-            self._request.node.user_properties.append((_PROPERTY, "unchanged"))
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, text)  # one file per test, renamed into place: safe under pytest-xdist
+        try:
+            if path.is_file() and path.read_bytes() == text.encode("utf-8"):
+                self._request.node.user_properties.append((_PROPERTY, "unchanged"))
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, text)  # one file per test, renamed into place: safe under pytest-xdist
+        except OSError as exc:  # a read-only folder, a file where a folder must be
+            where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+            pytest.fail(f"cannot write the snapshot {shown}: {exc.strerror or exc}{where}", pytrace=False)
         self._request.node.user_properties.append((_PROPERTY, f"wrote {shown}"))
 
 

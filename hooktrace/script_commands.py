@@ -254,11 +254,31 @@ def _by_rank(traces: list[tuple[Path, Trace]]) -> dict[int, tuple[Path, Trace]]:
     return by_rank
 
 
+MAX_WORLD_SIZE = 1 << 20  # more ranks than any job runs: a trace that says more is refused, not listed
+
+
 def _missing(by_rank: dict[int, tuple[Path, Trace]]) -> tuple[int, list[int]]:
-    """The world size the traces state (else how many there are), and the ranks with no trace."""
+    """The world size the traces state (else how many there are), and the ranks with no trace (a
+    world size past MAX_WORLD_SIZE, read from a file, is a UsageError: listing it would fill the memory)."""
+    for path, trace in by_rank.values():
+        world = trace.meta.world_size
+        if world is not None and not 0 < world <= MAX_WORLD_SIZE:
+            raise UsageError(
+                f"{path} says world_size {_short_number(world)}: at most {MAX_WORLD_SIZE} ranks are compared"
+            )
     worlds = {t.meta.world_size for _, t in by_rank.values() if t.meta.world_size is not None}
     nproc = worlds.pop() if len(worlds) == 1 else len(by_rank)
-    return nproc, sorted(set(range(nproc)) - set(by_rank))
+    return nproc, [r for r in range(nproc) if r not in by_rank]
+
+
+def _short_number(n: int) -> str:
+    text = str(n) if abs(n) < 10**30 else f"{str(n)[:12]}... ({len(str(abs(n)))} digits)"
+    return text
+
+
+def _listed(ranks: list[int], most: int = 20) -> str:
+    shown = ", ".join(map(str, ranks[:most]))
+    return shown if len(ranks) <= most else f"{shown} and {len(ranks) - most} more"
 
 
 def ranks_summary(traces: list[tuple[Path, Trace]]) -> tuple[str, int]:
@@ -280,7 +300,7 @@ def ranks_summary(traces: list[tuple[Path, Trace]]) -> tuple[str, int]:
     )
     text = result.summary()
     if missing:
-        text += f"\nmissing: no trace given for rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+        text += f"\nmissing: no trace given for rank{'s' if len(missing) > 1 else ''} {_listed(missing)}"
     return text, result.exit_code
 
 

@@ -66,6 +66,23 @@ def test_ranks_bad_input(tmp_path, capsys):
     assert "no trace given for rank 1" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("world", [10**9, 2**62, 0, -3])
+def test_ranks_with_a_world_size_past_any_job_is_one_error_line(tmp_path, capsys, world):
+    """A world size read from a file is bounded: 10**9 listed its missing ranks in 12 GB."""
+    a = _rank_trace(tmp_path, 0, world, False)
+    for fmt in ((), ("-f", "html", "-o", str(tmp_path / "r.html"))):
+        assert main(["ranks", str(a), *fmt]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "world_size" in err, err
+
+
+def test_ranks_lists_many_missing_ranks_in_a_bounded_line(tmp_path, capsys):
+    a = _rank_trace(tmp_path, 0, 5000, False)
+    assert main(["ranks", str(a)]) == 1
+    out = capsys.readouterr().out
+    assert "no trace given for ranks 1, 2, 3" in out and "and 4979 more" in out and len(out) < 2000
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -556,3 +556,31 @@ def test_check_quiet_says_nothing_when_equal_even_with_notes(tmp_path: Path) -> 
     assert invoke("run", sample, "--no-backward", "--check", str(golden), "-q") == (0, "", "")
     code, _, err = invoke("run", sample, "--no-backward", "--check", str(golden))
     assert code == 0 and "note: backward skipped (--no-backward)" in err
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("0 forward fc forward f #99999999999", "line 2: the occurrence must be #2 to #100000"),
+        ("0 forward fc forward f #\u00b2", "line 2: the occurrence must be #2 to #100000"),
+        ("\u00b2 forward fc forward f", "line 2: the step must be a number of at most 12 digits"),
+        ("9" * 5000 + " forward fc forward f", "line 2: the step must be a number of at most 12 digits"),
+        ("0 forward fc forward f #" + "9" * 5000, "line 2: the occurrence must be #2 to #100000"),
+    ],
+)
+def test_numbers_in_an_order_file_are_bounded(tmp_path: Path, line: str, message: str) -> None:
+    """`#99999999999` made `diff` grow without end (a stand-in per unwritten occurrence); `²` and
+    5,000 digits gave an internal ValueError: now one `error:` line, exit 2."""
+    bad = tmp_path / "bad.txt"
+    bad.write_text(f"# hooktrace order 1\n{line}\n", encoding="utf-8")
+    with pytest.raises(OrderFormatError, match=re.escape(message)):
+        parse_order(bad.read_text(encoding="utf-8"), as_file=True)
+    code, out, err = invoke("diff", str(bad), str(bad))
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: cannot read {bad}: {message}"), err
+
+
+def test_unwritten_occurrences_are_bounded_over_the_whole_file() -> None:
+    lines = "".join(f"0 forward fc forward f{i} #90000\n" for i in range(3))
+    with pytest.raises(OrderFormatError, match="more than 100000 occurrences of hooks unwritten"):
+        parse_order(lines)
+    assert len(parse_order("0 forward fc forward f #3\n").hooks) == 3  # two unwritten: stand-ins

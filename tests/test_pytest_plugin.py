@@ -391,3 +391,71 @@ def test_safe_under_xdist(project: pytest.Pytester) -> None:
     assert len(snapshots(project.path)) == 6
     assert not list(project.path.rglob("*.tmp*"))
     project.runpytest_subprocess(*PLUGIN, "-p", "xdist", "-n", "2").assert_outcomes(passed=6)
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ("0 forward   0            forward_pre   pre #99999999999", "the occurrence must be #2 to #100000"),
+        ("\u00b2 forward   0            forward_pre   pre", "the step must be a number of at most 12 digits"),
+        ("0 forward   0            forward_pre   pre #\u00b2", "the occurrence must be #2 to #100000"),
+        ("9" * 5000 + " forward   0            forward_pre   pre", "the step must be a number of at most 12"),
+    ],
+)
+def test_a_snapshot_with_unbounded_numbers_fails_as_not_an_order_file(
+    project: pytest.Pytester, line, why
+) -> None:
+    """A number read from the file is bounded: no memory without end for `#99999999999` (a never-fired
+    stand-in per unwritten occurrence), no internal ValueError for `²` or 5,000 digits."""
+    project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model").assert_outcomes(passed=1)
+    path = project.path / "__hooktrace__/test_locked/test_model.txt"
+    path.write_text(path.read_text(encoding="utf-8") + line + "\n", encoding="utf-8")
+    result = project.runpytest(*PLUGIN, "-k", "test_model")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [f"*the snapshot __hooktrace__/test_locked/test_model.txt is not an order file (*{why}*"]
+    )
+    assert "Traceback" not in result.stdout.str() and "ValueError" not in result.stdout.str()
+
+
+def test_a_snapshot_that_is_a_symbolic_link_is_refused(project: pytest.Pytester, tmp_path: Path) -> None:
+    """Written through, a link would overwrite a file outside the tests: refused as a FIFO is."""
+    project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model").assert_outcomes(passed=1)
+    path = project.path / "__hooktrace__/test_locked/test_model.txt"
+    outside = tmp_path / "precious.txt"
+    outside.write_bytes(path.read_bytes().replace(b"pre", b"other"))
+    kept = outside.read_bytes()
+    path.unlink()
+    path.symlink_to(outside)
+    for args in (("--hooktrace-update",), ()):
+        result = project.runpytest(*PLUGIN, *args, "-k", "test_model")
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(
+            ["*the snapshot path __hooktrace__/test_locked/test_model.txt is a symbolic link*"]
+        )
+        assert outside.read_bytes() == kept and path.is_symlink()
+
+
+def test_update_where_the_snapshot_cannot_be_written_is_a_clear_failure(project: pytest.Pytester) -> None:
+    """A file where the snapshot folder must be, or a read-only folder: a pytest failure naming the
+    snapshot, not a raw OSError."""
+    import os
+
+    folder = project.path / "__hooktrace__"
+    folder.write_text("not a folder", encoding="utf-8")
+    result = project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*cannot write the snapshot __hooktrace__/test_locked/test_model.txt: *"])
+    assert "Traceback" not in result.stdout.str() and "FileExistsError" not in result.stdout.str()
+    folder.unlink()
+    if os.geteuid() == 0:  # root writes into read-only folders
+        return
+    (folder / "test_locked").mkdir(parents=True)
+    (folder / "test_locked").chmod(0o500)
+    try:
+        result = project.runpytest(*PLUGIN, "--hooktrace-update", "-k", "test_model")
+    finally:
+        (folder / "test_locked").chmod(0o700)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*cannot write the snapshot __hooktrace__/test_locked/test_model.txt: *"])
+    assert "PermissionError" not in result.stdout.str()

@@ -52,6 +52,13 @@ _WORDS = {BADGES[b]: b for b in _HOOK_BADGES + _EVENT_BADGES}
 _WORDS[BADGES["prepend_inferred"]] = "prepend"
 
 
+# Bounds on the numbers a line holds: a step, and a `#occurrence` (each occurrence not written gets a
+# never-fired stand-in, so an unbounded one would make a file of one line fill the memory).
+MAX_STEP_DIGITS = 12
+MAX_OCCURRENCE = 100_000
+MAX_STAND_INS = 100_000
+
+
 class OrderFormatError(ValueError):
     """Text that is not in the order format; the message names the line."""
 
@@ -208,6 +215,10 @@ def _numbered(hooks: dict[tuple, Hook]) -> list[Hook]:
     top: dict[tuple, int] = {}
     for identity, occurrence in hooks:
         top[identity] = max(top.get(identity, 0), occurrence)
+    if sum(top.values()) + len(top) - len(hooks) > MAX_STAND_INS:
+        raise OrderFormatError(
+            f"its #occurrences leave more than {MAX_STAND_INS} occurrences of hooks unwritten"
+        )
     out = []
     for n, (identity, last) in enumerate(top.items()):
         for occurrence in range(last + 1):
@@ -262,6 +273,14 @@ def _module(token: str) -> Optional[str]:
     return _text(token)
 
 
+def _number(text: str) -> Optional[int]:
+    """`text` as a number when it is ASCII digits only, at most MAX_STEP_DIGITS of them; else None
+    (`str.isdigit` takes `²`, which `int()` refuses, and `int()` refuses more than 4,300 digits)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_STEP_DIGITS:
+        return None
+    return int(text)
+
+
 def _parse_line(line: str) -> tuple[tuple, Hook, Event]:
     tokens = _tokens(line)
     badges = [t[1:-1] for t in tokens if t.startswith("[")]
@@ -269,8 +288,11 @@ def _parse_line(line: str) -> tuple[tuple, Hook, Event]:
     if len(words) < 5:
         raise OrderFormatError("expected step, phase, module, kind and hook")
     step_text, phase, module_text, kind, name = words[:5]
-    if not step_text.isdigit():
-        raise OrderFormatError(f"the step must be a number, not {_token(_text(step_text))}")
+    step = _number(step_text)
+    if step is None:
+        raise OrderFormatError(
+            f"the step must be a number of at most {MAX_STEP_DIGITS} digits 0-9, not {_token(_text(step_text)[:40])}"
+        )
     if phase not in PHASES:
         raise OrderFormatError(f"unknown phase {_token(_text(phase))}; one of {', '.join(PHASES)}")
     if kind not in KINDS:
@@ -282,8 +304,15 @@ def _parse_line(line: str) -> tuple[tuple, Hook, Event]:
     module = _module(module_text)
     rest = words[5:]
     occurrence = 0
-    if rest and rest[0].startswith("#") and rest[0][1:].isdigit() and int(rest[0][1:]) >= 2:
-        occurrence = int(rest.pop(0)[1:]) - 1
+    if rest and rest[0].startswith("#") and rest[0][1:].isdigit():
+        written = _number(rest[0][1:])
+        if written is None or written > MAX_OCCURRENCE:
+            raise OrderFormatError(
+                f"the occurrence must be #2 to #{MAX_OCCURRENCE} in digits 0-9, not {_token(rest[0][:40])}"
+            )
+        if written >= 2:  # `#0` and `#1` are never written: left for the error below
+            rest.pop(0)
+            occurrence = written - 1
     qualifiers: dict[str, str] = {}
     while rest:
         word = rest.pop(0)
@@ -301,5 +330,5 @@ def _parse_line(line: str) -> tuple[tuple, Hook, Event]:
     if hook.prepend:
         hook.prepend_source = "registration"
     error = "error" if "error" in flags else None
-    event = Event(0, int(step_text), HOOK, phase, module, None, kind, 0, 0, 0, "returned" in flags, error)
+    event = Event(0, step, HOOK, phase, module, None, kind, 0, 0, 0, "returned" in flags, error)
     return ((scope, owner, tensor, kind, name), occurrence), hook, event
