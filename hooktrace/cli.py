@@ -8,6 +8,7 @@ Only typer's public API is used. torch is imported only by `run` and `hooks`, on
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import traceback as _traceback
@@ -128,7 +129,10 @@ def run(
         if nproc is not None and profile is not None:
             raise UsageError("--profile goes with one process; drop --nproc, or profile one rank's script")
         if nproc is not None:
-            code = sc.run_ranks(target, nproc, rank, options, format, output, golden, view, traceback, quiet)
+            from .ranks import Job
+
+            job = Job("run", target=target, options=dataclasses.replace(options, timeout=None))
+            code = sc.run_ranks(job, nproc, rank, timeout, format, output, golden, view, traceback, quiet)
             raise typer.Exit(code)
         from .target import load_factory
 
@@ -247,6 +251,8 @@ def exec_(
     keep_running: bool = opt("keep_running"),
     shapes: bool = opt("shapes"),
     nproc: Optional[int] = opt("nproc"),
+    rank: Optional[int] = opt("rank"),
+    timeout: Optional[float] = opt("timeout"),
     out: Output = Output(),
     shown: View = View(),
     traceback: bool = opt("traceback"),
@@ -260,8 +266,15 @@ def exec_(
         view = shown.given()
         target, options = sc.exec_target(script, as_module, start, steps, step_on, keep_running, shapes)
         golden = load_side_file(check) if check is not None else None
+        if nproc is None and (rank is not None or timeout is not None):
+            raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
         if nproc is not None:
-            raise typer.Exit(sc.run_exec_ranks(nproc, options, format, view, script or [], as_module, output))
+            from .ranks import Job
+
+            job = Job("exec", script=tuple(script or ()), as_module=as_module, options=options)
+            raise typer.Exit(
+                sc.run_ranks(job, nproc, rank, timeout, format, output, golden, view, traceback, quiet)
+            )
         raise typer.Exit(sc.run_exec(target, options, format, output, view, quiet, golden))
     except UsageError as exc:
         _fail(exc, traceback)

@@ -7,14 +7,13 @@ cli.py parses and calls these; they return exit codes and raise UsageError for b
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from .compare import Side, print_comparison, safe_lines
-from .options import VIEW_FLAGS, RunOptions, UsageError
+from .options import UsageError
 from .outputs import emit_page as _emit
 from .outputs import is_html
 from .outputs import output as _output
@@ -65,10 +64,10 @@ def run_outcome(
 
 
 def run_ranks(
-    target: str,
+    job: Any,
     nproc: int,
     rank: Optional[int],
-    options: RunOptions,
+    timeout: Optional[float],
     fmt: Optional[str],
     output: Optional[Path],
     golden: Optional[Side],
@@ -76,18 +75,19 @@ def run_ranks(
     show_traceback: bool = False,
     quiet: bool = False,
 ) -> int:
-    """`run --nproc N`: one trace per rank (`-o PATH` -> `PATH.rank{r}.json`); show one rank, then the summary."""
+    """`run --nproc N` and `exec --nproc N` (`job`: ranks.launch.Job): one trace per rank (`-o PATH`
+    -> `PATH.rank{r}.json`), every rank under the one launcher (--timeout, hang detection, stop
+    signals); show one rank, then the summary; `--check` compares the shown rank with GOLDEN."""
     from .ranks import DEFAULT_TIMEOUT
     from .ranks import run_ranks as launch
 
     if output is not None:
         _stderr(rank_files_note(str(output), nproc))
     ranks = launch(
-        target,
+        job,
         nproc,
         out=str(output) if output is not None else None,
-        options=dataclasses.replace(options, timeout=None),
-        timeout=options.timeout if options.timeout is not None else DEFAULT_TIMEOUT,
+        timeout=timeout if timeout is not None else DEFAULT_TIMEOUT,
         show_rank=rank or 0,
     )
     if ranks.usage_error is not None:
@@ -202,43 +202,6 @@ def run_exec(
         if shown:
             _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
         code = 128 + result.stopped_by.value
-    return code
-
-
-def run_exec_ranks(
-    nproc: int,
-    options: Any,
-    fmt: Optional[str],
-    view: dict[str, Any],
-    script: list[str],
-    as_module: bool,
-    output: Optional[Path],
-) -> int:
-    """`exec --nproc N`: the ranks through torchrun (rank 0 shows its trace), then their agreement."""
-    from .ranks.script import exec_ranks
-
-    html = is_html(fmt, output)  # one page of every rank, made here once the ranks have written
-    rank_args = ["-s", str(options.start), f"--steps={options.steps}", f"--step-on={options.step_on}"]
-    rank_args += ["--keep-running"] if options.keep_running else []
-    rank_args += ["--shapes"] if options.shapes else []
-    rank_args += [f"--format={fmt}"] if fmt is not None and not html else []
-    rank_args += [f"{VIEW_FLAGS[k]}={v}" if v is not True else VIEW_FLAGS[k] for k, v in view.items()]
-    script = (["-m"] if as_module else []) + list(script)
-    # the ranks write PATH.rank{r}.json whatever the extension; `.json` tells them no page is theirs
-    rank_out = output.with_suffix(".json") if html and output is not None and output.suffix else output
-
-    result, launcher = exec_ranks(nproc, rank_args, script, str(rank_out) if rank_out is not None else None)
-    traces = {o.rank: o.trace for o in result.ranks if o.trace is not None}
-    if html and traces:
-        from .render.html import ranks_html
-
-        names = {o.rank: o.trace_path for o in result.ranks if o.trace_path is not None}
-        missing = [o.rank for o in result.ranks if o.trace is None]
-        _emit(ranks_html(traces, names, missing), output, f"html: {len(traces)} ranks")
-    _stderr(result.summary())
-    code = result.exit_code
-    if code == 0 and launcher != 0:
-        code = launcher if launcher > 0 else 128 - launcher
     return code
 
 

@@ -184,9 +184,62 @@ def test_exec_nproc(tmp_path):
         cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
-    assert "ranks diverge: rank 1 differs from rank 0" in done.stderr
+    # the one launcher's outcome, as for run --nproc: the summary under the shown rank's tree
+    assert "ranks diverge: rank 1 differs from rank 0" in done.stdout
     assert done.stdout.count("hooktrace ddp.py (rank 0 of 2)") == 1
     _check_ranks(tmp_path, tmp_path / "hooks.log", 2, 1, 1)
     for rank in range(2):  # --shapes reached every rank: each hook call says what it received
         trace = hooktrace.load(tmp_path / f"ddp.rank{rank}.json")
         assert all(e.shapes for e in trace.events if e.type == "hook"), rank
+
+
+def _exec_nproc(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HOOKTRACE_TEST_LOG=str(tmp_path / "hooks.log"), OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "hooktrace", "exec", "--nproc", "2", *args],
+        cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_exec_nproc_check_compares_the_shown_rank_with_the_golden_file(tmp_path):
+    """exec --nproc 2 --check GOLDEN exits 1 when the order differs, as exec and run --nproc do (the
+    golden file was dropped on the way to the ranks: exit 0, 'ranks agree'); 0 when it is equal."""
+    made = _exec_nproc(tmp_path, "-s", "1", "-o", str(tmp_path / "g.json"), "ddp.py", "--diverge")
+    assert made.returncode == 1, made.stderr  # the ranks diverge: rank 1 has one hook more
+    differs = _exec_nproc(tmp_path, "-s", "1", "--check", str(tmp_path / "g.rank1.json"), "ddp.py")
+    assert differs.returncode == 1, differs.stderr
+    assert "ranks agree" in differs.stdout  # the ranks agree; the golden file does not
+    equal = _exec_nproc(tmp_path, "-s", "1", "--check", str(tmp_path / "g.rank0.json"), "-q", "ddp.py")
+    assert equal.returncode == 0, equal.stdout + equal.stderr
+
+
+HANGS = """
+import os, time
+import torch
+
+rank = int(os.environ["RANK"])
+model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+model[0].register_forward_hook(lambda m, a, o: None)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    model(torch.randn(1, 2)).sum().backward()
+    if rank == 1 and step == 1:
+        time.sleep(600)  # hangs inside the window
+    opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_exec_nproc_timeout_stops_a_hanging_rank_and_keeps_its_partial_trace(tmp_path):
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    out = tmp_path / "h.json"
+    done = _exec_nproc(tmp_path, "--timeout", "20", "--steps", "3", "-o", str(out), str(script))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 1: hung" in done.stdout and "--timeout 20" in done.stdout
+    assert "rank 0: ok" in done.stdout
+    partial = hooktrace.load(tmp_path / "h.rank1.json")  # written when it was stopped
+    assert partial.meta.rank == 1
+    assert [e.step for e in partial.hook_events()] == [0, 1]  # steps 0 and 1's forward hook, then stopped
+    assert len(list(hooktrace.load(tmp_path / "h.rank0.json").hook_events())) == 3

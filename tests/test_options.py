@@ -29,7 +29,7 @@ EVERYTHING = RunOptions(
 @pytest.mark.parametrize("options", [RunOptions(), EVERYTHING, RunOptions(input_shapes=("4",), steps=2)])
 def test_options_reach_a_rank_worker_unchanged(options: RunOptions) -> None:
     """Ranks get the options as JSON of their fields (ranks/launch.py) and rebuild them (worker.py)."""
-    from hooktrace.ranks.launch import _plain
+    from hooktrace.ranks.job import _plain
 
     back = RunOptions(**json.loads(json.dumps(_plain(options))))
     assert dataclasses.replace(back, input_shapes=tuple(back.input_shapes)) == options

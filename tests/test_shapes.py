@@ -448,24 +448,23 @@ def test_exec_shapes_flag(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_exec_nproc_passes_shapes_to_the_ranks(monkeypatch) -> None:
-    import hooktrace.ranks.script as ranks_script
-    import hooktrace.script_commands as sc
-    from hooktrace.runs.script import ExecOptions
+    import hooktrace.ranks as ranks
+    from hooktrace.cli import main
 
-    seen: list[list[str]] = []
+    seen: list[Any] = []
 
     class Launched(Exception):
         pass
 
-    def launch(nproc: int, rank_args: list[str], script: list[str], out: Any) -> Any:
-        seen.append(rank_args)
+    def launch(job: Any, nproc: int, **_: Any) -> Any:
+        seen.append(job.data()["options"])
         raise Launched
 
-    monkeypatch.setattr(ranks_script, "exec_ranks", launch)
-    for shapes in (True, False):
-        with pytest.raises(Launched):
-            sc.run_exec_ranks(2, ExecOptions(shapes=shapes), None, {}, ["x.py"], False, None)
-    assert "--shapes" in seen[0] and "--shapes" not in seen[1]
+    monkeypatch.setattr(ranks, "run_ranks", launch)
+    script = str(Path(__file__).parent / "scripts" / "loop.py")
+    for shapes in (["--shapes"], []):
+        main(["exec", "--nproc", "2", *shapes, script])  # the launch raised: nothing ran
+    assert seen[0]["shapes"] is True and seen[1]["shapes"] is False
 
 
 # -- what a tensor is described as ---------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`hooktrace run --nproc N`: N ranks supervised through PyTorch's elastic launcher API.
+"""`hooktrace run --nproc N` and `hooktrace exec --nproc N`: N ranks supervised through PyTorch's
+elastic launcher API, whatever driver the job names (a factory, or a script as torchrun runs it).
 
 `torch.distributed.elastic.multiprocessing.start_processes` starts `python -m hooktrace.ranks JOB`
 once per rank, each in its own session, with the environment torchrun gives its workers (RANK,
@@ -20,7 +21,6 @@ Then every `PATH.rank{r}.json` is loaded and the ranks' hook orders are compared
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import json
 import logging
@@ -39,6 +39,7 @@ from ..options import RunOptions, UsageError, check_nproc, check_timeout
 from ..schema import TraceFormatError
 from ..target import split_spec
 from ..validate import load
+from .job import Job
 from .result import (
     DEFAULT_TIMEOUT,
     DIED,
@@ -66,6 +67,7 @@ _PHASE_WORDS = {
     "starting": "starting (importing torch)",
     "joining": "joining the process group",
     "loading": "loading the target",
+    "running": "running the script (before its first step ended)",
     "writing": "writing its trace",
 }
 
@@ -89,16 +91,6 @@ def _check_target(target: str) -> None:
         raise UsageError(f"file {what}: {os.path.abspath(where)}; give the path to a .py file")
 
 
-def _plain(options: Any) -> dict[str, Any]:
-    """The run options (keyword arguments of `hooktrace.runs.factory.run`) as JSON for the workers."""
-    if options is None:
-        return {}
-    if dataclasses.is_dataclass(options) and not isinstance(options, type):
-        options = dataclasses.asdict(options)
-    # As the workers will receive them; a value JSON cannot carry is the caller's bug: it fails here.
-    return json.loads(json.dumps(dict(options)))
-
-
 def _identity(path: str) -> Optional[tuple[int, int, int]]:
     """What tells this run's file from an earlier one at the same path (written by rename: new inode)."""
     try:
@@ -109,7 +101,7 @@ def _identity(path: str) -> Optional[tuple[int, int, int]]:
 
 
 def run_ranks(
-    target: str,
+    target: Union[str, Job],
     nproc: int,
     *,
     out: Optional[str] = None,
@@ -138,14 +130,15 @@ def run_ranks(
     if not 0 <= show_rank < nproc:
         raise UsageError(f"--rank {show_rank}: give a rank from 0 to {nproc - 1} (--nproc {nproc})")
     check_timeout(timeout)
-    _check_target(target)
+    job_of = target if isinstance(target, Job) else Job("run", target=target, options=options)
+    if job_of.driver == "run":
+        _check_target(job_of.target)
     if out is not None:
         folder = os.path.dirname(os.path.abspath(out))
         if not os.path.isdir(folder):
             raise UsageError(f"cannot write {out}: folder {folder} does not exist; create it first")
-    plain = _plain(options)
     join_timeout = max(timeout, JOIN_TIMEOUT)
-    job = {"target": target, "options": plain, "join_timeout": join_timeout}
+    job = dict(job_of.data(), join_timeout=join_timeout)
     watch = _Watch(nproc, timeout, join_timeout)
     ranks: list[RankOutcome] = []
     with _signals_raise() as seen:
@@ -299,6 +292,8 @@ class _Watch:
             from torch.distributed import TCPStore
             from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
+            # a script's own output reaches the terminal (and the log the launcher reads); a factory's is kept
+            tee = Std.ALL if job["driver"] == "exec" else Std.NONE
             main = threading.current_thread() is threading.main_thread()
             ours = (
                 {sig: signal.getsignal(sig) for sig in _SIGNALS} if main else {}
@@ -309,7 +304,9 @@ class _Watch:
                 entrypoint=sys.executable,
                 args={r: ("-m", _WORKER, json.dumps(job)) for r in range(self.nproc)},
                 envs={r: _rank_env(r, self.nproc, self.store.port, run_id) for r in range(self.nproc)},
-                logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
+                logs_specs=DefaultLogsSpecs(
+                    log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL, tee=tee
+                ),
             )
             for sig, handler in ours.items():  # ours raise as torch's do; an ignored signal stays so
                 signal.signal(sig, handler)

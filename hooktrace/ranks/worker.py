@@ -232,14 +232,17 @@ def _join(reports: _Store, world_size: int, local_rank: int, job: dict[str, Any]
 
 
 def _rank(job: dict[str, Any]) -> None:
-    """Trace the target on this rank; return on success, raise to say how it failed (see `main`)."""
+    """Trace the job on this rank; return on success, raise to say how it failed (see `main`)."""
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK", rank)
     reports = _connect(rank, world_size, job)
     try:
-        device = _join(reports, world_size, local_rank, job)
-        _traced(job, rank, world_size, reports, device)
+        if job.get("driver", "run") == "exec":  # the script joins the group itself, as under torchrun
+            result = _run_script(job, reports)
+            _write(job, rank, world_size, reports, result)
+        else:
+            _traced(job, rank, world_size, reports, _join(reports, world_size, local_rank, job))
     except Exception as exc:
         reports.error(exc)
         raise
@@ -247,6 +250,11 @@ def _rank(job: dict[str, Any]) -> None:
 
 def _traced(job: dict[str, Any], rank: int, world_size: int, reports: _Store, device: Optional[str]) -> None:
     """Load the target, run it traced, write the trace; raise to say how the run failed."""
+    _write(job, rank, world_size, reports, _run_factory(job, reports, device))
+
+
+def _run_factory(job: dict[str, Any], reports: _Store, device: Optional[str]) -> Any:
+    """Load the target and run it traced (runs/factory.py)."""
     import torch.distributed as dist
 
     from ..options import RunOptions
@@ -257,12 +265,36 @@ def _traced(job: dict[str, Any], rank: int, world_size: int, reports: _Store, de
     options = RunOptions(**dict(job["options"], device=device))
     try:
         with _factory_may_init(dist):
-            result = run(load_factory(job["target"]), options, on_step=reports.step, on_armed=_DEFERRAL.armed)
+            return run(load_factory(job["target"]), options, on_step=reports.step, on_armed=_DEFERRAL.armed)
     except UsageError as exc:
         stop = _termination(exc)
         if stop is not None:  # not the factory's fault: say what happened
             raise RankTerminated(f"{stop} while loading the target") from exc
         raise
+
+
+def _run_script(job: dict[str, Any], reports: _Store) -> Any:
+    """Run the script as python would, its window traced (runs/script.py)."""
+    from ..runs.script import ExecOptions, Script, run_script
+
+    reports.progress("running")
+    first, *args = job["script"]
+    script = (
+        Script(module=first, args=tuple(args)) if job["as_module"] else Script(path=first, args=tuple(args))
+    )
+    _DEFERRAL.armed(True)
+    try:
+        result = run_script(script, ExecOptions(**job["options"]), lambda _result: None, on_step=reports.step)
+    finally:
+        _DEFERRAL.armed(False)
+    if result.exception is None and result.stopped_by is None and result.exit_code:
+        result.error = f"the script exited with code {result.exit_code}"
+        result.exception = SystemExit(result.exit_code)
+    return result
+
+
+def _write(job: dict[str, Any], rank: int, world_size: int, reports: _Store, result: Any) -> None:
+    """Write the rank's trace; raise to say how its run failed."""
     reports.progress("writing")
     trace = result.trace
     trace.meta.rank = rank

@@ -125,13 +125,18 @@ class _Window:
     """Counts step ends; opens the capture after `start`, closes it after `start + steps`."""
 
     def __init__(
-        self, script: Script, options: ExecOptions, on_trace: Callable[[ScriptResult], None]
+        self,
+        script: Script,
+        options: ExecOptions,
+        on_trace: Callable[[ScriptResult], None],
+        on_step: Optional[Callable[[int, bool], None]] = None,
     ) -> None:
         from ..capture.steps import Registrations, StepWatch
 
         self.script = script
         self.options = options
         self.on_trace = on_trace
+        self.on_step = on_step
         self.ended = 0
         self.state = "before"  # -> "open" -> "closed"
         self.session: Any = None
@@ -155,6 +160,9 @@ class _Window:
         self.ended += 1
         if self.state == "open":  # their names must outlive a script that ends inside the window
             self.held = self.session.live_roots()
+        if self.on_step is not None:  # the next step begins: before the window, a warm-up step
+            start = self.options.start
+            self.on_step(self.ended - start if self.ended >= start else self.ended, self.ended < start)
         options = self.options
         if self.state == "before":
             if self.ended >= options.start:
@@ -330,15 +338,19 @@ class _Sigterm:
 
 
 def run_script(
-    script: Script, options: ExecOptions, on_trace: Callable[[ScriptResult], None]
+    script: Script,
+    options: ExecOptions,
+    on_trace: Callable[[ScriptResult], None],
+    on_step: Optional[Callable[[int, bool], None]] = None,
 ) -> ScriptResult:
     """Run the script, trace its window; `on_trace(result)` is called once, as soon as the trace is
-    complete (the window closed, or the script ended / raised / was stopped first).
+    complete (the window closed, or the script ended / raised / was stopped first); `on_step(step,
+    before_window)` as each step begins (the rank worker reports progress with it).
 
     Returns the result with the script's exit code. UsageError for a script that cannot be found."""
     options.check()
     script.check()
-    window = _Window(script, options, on_trace)
+    window = _Window(script, options, on_trace, on_step)
     exception: Optional[BaseException] = None
     exit_code, exit_message, stopped_by = 0, None, None
     stopped_after: Optional[int] = None
