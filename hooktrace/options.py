@@ -188,6 +188,7 @@ OPTIONS: dict[str, Flag] = {
     # -- every command
     "traceback": Flag(("--traceback",), "Show the Python traceback of an error.", default=False),
 }  # fmt: skip
+# not a kind: the view options' names
 VIEW_FLAGS = {
     name: OPTIONS[name].names[0]
     for name in ("depth", "module", "phase", "expand", "all_surprises", "hide_library", "hide")  # not a kind

@@ -39,7 +39,7 @@ from ..options import RunOptions, UsageError, check_nproc, check_timeout
 from ..schema import TraceFormatError
 from ..target import split_spec
 from ..validate import load
-from .job import Job
+from .job import Job, _plain  # noqa: F401  (tests read _plain here)
 from .result import (
     DEFAULT_TIMEOUT,
     DIED,
