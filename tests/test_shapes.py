@@ -564,7 +564,7 @@ def test_the_html_details_pane_shows_the_selected_calls_shapes(traced, tmp_path:
 
         driver.find_element("id", "search").send_keys("fc_backward")  # rows below the fold are not drawn
         WebDriverWait(driver, 10).until(
-            lambda d: "1 matching hook event" in d.find_element("css selector", ".count").text
+            lambda d: "1 matching hook call" in d.find_element("css selector", ".count").text
         )
         row = next(
             r

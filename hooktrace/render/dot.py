@@ -283,7 +283,7 @@ class _Emitter:
             (GLOBAL_SCOPE, (GLOBAL_SCOPE, "global module hook (every module)"), GLOBAL),
             ("error", ("error", "the hook or module raised"), ERROR),
             ("stopped", ("stopped by PyTorch", "its own caught exception"), STOPPED),
-            ("group", ("dashed box", "a module's hooks in backward, or its recompute"),
+            ("group", ("dashed box", "a module's hooks in backward, or under checkpoint"),
              {"style": "rounded,dashed", "fillcolor": "white"}),
             ("more", ("×N more", "identical blocks collapsed"), MORE),
         ]  # fmt: skip
@@ -402,10 +402,16 @@ def _wrapped(text: str, width: int = 120) -> str:
 def _heading(title: str, cells: list[str], surprises: list[str] = (), per_row: int = 2) -> str:  # type: ignore[assignment]
     """The graph's label: the title, the surprises explained, and the legend (the graph label takes
     no rank, so none of it can stretch the drawing)."""
-    # the title wrapped as the surprises are: one long line made the picture wider than a screen
-    rows = [
-        f'<TR><TD COLSPAN="{2 * per_row}" BORDER="0" ALIGN="LEFT"><B>{_wrapped(title, 100)}</B></TD></TR>'
-    ]
+    # the title wrapped between its " · " parts (one long line made the picture wider than a screen);
+    # a count or a note is never split
+    lines: list[str] = []
+    for part in title.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= 100:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    text = '<BR ALIGN="LEFT"/>'.join(html.escape(_esc_html(line)) for line in lines)
+    rows = [f'<TR><TD COLSPAN="{2 * per_row}" BORDER="0" ALIGN="LEFT"><B>{text}</B></TD></TR>']
     for line in surprises:
         rows.append(
             f'<TR><TD COLSPAN="{2 * per_row}" BORDER="1" COLOR="#b7791f" BGCOLOR="#fff6e0" ALIGN="LEFT">'
