@@ -104,6 +104,20 @@ def _sizes(shape: Any) -> str:
     return ",".join(_UNSAFE_SIZE.sub("?", str(s))[:MAX_NAME] for s in shape)
 
 
+_GETTERS = tuple(vars(torch._C.TensorBase)[n] for n in ("shape", "dtype", "device", "layout", "is_nested"))
+
+
+class _Metadata:
+    """A tensor subclass's metadata read by TensorBase's own C getters: a subclass's `shape` or
+    `dtype` property (Python code of the program's) is never called."""
+
+    __slots__ = ("shape", "dtype", "device", "layout", "is_nested")
+
+    def __init__(self, t: Any) -> None:
+        for name, getter in zip(self.__slots__, _GETTERS):
+            setattr(self, name, getter.__get__(t, type(t)))
+
+
 def tensor(t: Any) -> str:
     """`f32[8,16] cpu` (see the module docstring); the type's name when its metadata cannot be read."""
     cls = type(t)
@@ -111,7 +125,7 @@ def tensor(t: Any) -> str:
         return _tensor(t, cls)
     try:
         with torch._C.DisableTorchFunctionSubclass():
-            return _tensor(t, cls)
+            return _tensor(_Metadata(t), cls)
     except Exception:  # noqa: BLE001 - a subclass's metadata may raise anything: its name then
         return type_name(cls)
 
@@ -163,29 +177,34 @@ def value(x: Any, depth: int = 1) -> str:
         else:
             inner = ", ".join([value(v, depth + 1) for v in x])
         return f"[{inner}]" if cls is list else f"({inner})"
-    if isinstance(x, torch.Tensor):
+    # subclasses are read through their base's own C methods, never through what the subclass defines
+    # (`__class__`, `__len__`, `__iter__`, `items`): describing must not run the program's code
+    if issubclass(cls, torch.Tensor):
         return tensor(x)
-    if isinstance(x, (tuple, list)):  # a namedtuple, torch.Size, a list subclass
+    if issubclass(cls, (tuple, list)):  # a namedtuple, torch.Size, a list subclass
         if depth >= MAX_DEPTH:
             return f"{type_name(cls)}(…)"
         most = MAX_ARG_ITEMS if depth == 1 else MAX_ITEMS
-        items = [value(v, depth + 1) for v in islice(x, most)]
-        if len(x) > most:
-            items.append(f"…+{len(x) - most}")
+        base: Any = tuple if issubclass(cls, tuple) else list
+        n = base.__len__(x)
+        items = [value(base.__getitem__(x, i), depth + 1) for i in range(min(n, most))]
+        if n > most:
+            items.append(f"…+{n - most}")
         return f"{type_name(cls)}({', '.join(items)})"
-    if isinstance(x, dict):
+    if issubclass(cls, dict):
         if depth >= MAX_DEPTH:
             return "{…}"
         most = MAX_ARG_ITEMS if depth == 1 else MAX_ITEMS
-        items = [f"{_key(k)}: {value(v, depth + 1)}" for k, v in islice(x.items(), most)]
-        if len(x) > most:
-            items.append(f"…+{len(x) - most}")
+        items = [f"{_key(k)}: {value(v, depth + 1)}" for k, v in islice(dict.items(x), most)]
+        n = dict.__len__(x)
+        if n > most:
+            items.append(f"…+{n - most}")
         return ("" if cls is dict else type_name(cls)) + "{" + ", ".join(items) + "}"
     return type_name(cls)
 
 
 def _key(k: Any) -> str:
-    return _safe(k) if isinstance(k, str) else type_name(type(k))
+    return _safe(str.__str__(k)) if issubclass(type(k), str) else type_name(type(k))
 
 
 def positional(kind: str, a: Any, b: Any, c: Any, d: Any, more: tuple) -> str:

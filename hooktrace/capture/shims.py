@@ -370,6 +370,7 @@ def make_module_call(
     graph_task = _graph_task_id
     compiling = _is_compiling
     tensor_class = torch.Tensor
+    type_of = type
     module_class = torch.nn.Module
     stepping = STEPPING
 
@@ -387,7 +388,7 @@ def make_module_call(
             else:
                 on_new_module(self)
         for arg in args:  # plain tensors whose own hook dicts we may not know yet (hooks need grad)
-            if arg.__class__ is tensor_class and arg._backward_hooks:
+            if type_of(arg) is tensor_class and arg._backward_hooks:  # type(): `__class__` may be anything
                 on_input(self, arg)
         phase = FORWARD if graph_task() == -1 else RECOMPUTE
         if stepping and ident() in stepping:
