@@ -122,6 +122,24 @@ def test_same_hooks_in_another_order_diverge_where_the_order_changes() -> None:
     assert not c.agree
 
 
+def test_the_divergence_heading_describes_the_differing_rank_s_event() -> None:
+    """Rank 1 ran a backward_pre hook on `head` where rank 0 ran a forward hook on `fc`: the heading
+    says where rank 1 was (its module, kind), each rank's own hook on its line."""
+    a = _trace([_hook(1, "pre", kind="forward_pre"), _hook(2, "post")], [1, 2], rank=0)
+    b = _trace(
+        [_hook(1, "pre", kind="forward_pre"), _hook(5, "spy", module="head", kind="backward_pre")], [1, 5], 1
+    )
+    d = compare_pair(a, b, 0, 1).divergence
+    assert d is not None and (d.module, d.kind) == ("head", "backward_pre")
+    heading = d.describe().splitlines()[0]
+    assert (
+        heading == "first divergence: rank 1 at hook event #1 (step 0, forward, module 'head', backward_pre):"
+    )
+    # a rank whose trace ended: the reference's event is where it stopped
+    d = compare_pair(a, _trace(a.hooks, [1], 1), 0, 1).divergence
+    assert d is not None and (d.module, d.kind, d.got) == ("fc", "forward", None)
+
+
 def test_summary_and_exit_code_of_agreeing_ranks() -> None:
     hooks = [_hook(1, "pre", kind="forward_pre")]
     traces = {r: _trace(hooks, [1], r) for r in (0, 1)}
