@@ -369,6 +369,42 @@ def test_registered_during_run_when_calls_differ():
     assert "1 call of `0` ran without it and 1 with it" in s.message
 
 
+def test_registered_during_run_once_per_hook_and_module_for_per_forward_hooks():
+    """PEFT's way: each forward registers a pre-hook on its layers, runs them, removes it (24
+    duplicated surprises before): one surprise per hook and module, every registration listed."""
+    torch.manual_seed(0)
+    m = lin()
+    log: list[str] = []
+
+    def adapter(module, args):
+        log.append(f"adapter{0 if module is m[0] else 1}")
+
+    class PerForward(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = m
+
+        def forward(self, x):
+            handles = [m[0].register_forward_pre_hook(adapter), m[1].register_forward_pre_hook(adapter)]
+            try:
+                return self.inner(x)
+            finally:
+                for h in handles:
+                    h.remove()
+
+    model = PerForward()
+    with hooktrace.trace(model) as t:
+        for _ in range(4):
+            model(torch.randn(1, 3))
+    assert [f"adapter{ {'inner.0': 0, 'inner.1': 1}[e.module] }" for e in t.trace.hook_events()] == log
+    found = rules(t.trace, "registered-during-run")
+    assert len(found) == 2  # one per module, not one per registration
+    for s, module in zip(found, ("inner.0", "inner.1")):
+        mine = [h.id for h in t.trace.hooks if h.module == module]
+        assert len(mine) == 4 and s.hooks == mine  # each: other calls of its module ran without it
+        assert f"`{module}`" in s.message and "4 registrations of it" in s.message
+
+
 def test_registered_during_run_not_when_every_call_saw_it():
     """Registered on `1` while `0` ran, before `1` was called: every call of `1` had it."""
     m = lin()

@@ -180,7 +180,9 @@ def compare_pair(reference: Trace, other: Trace, reference_rank: int, rank: int)
         y = b[i] if i < len(b) else None
         if x is not None and y is not None and x.order_key() == y.order_key():
             continue
-        at = y or x  # the heading tells where the differing rank was (the reference's event when it had ended)
+        at = (
+            y or x
+        )  # the heading tells where the differing rank was (the reference's event when it had ended)
         assert at is not None
         result.divergence = Divergence(
             reference=reference_rank,

@@ -312,20 +312,27 @@ def registered_during_run(trace: Trace) -> list[Surprise]:
         if e.type == HOOK and e.hook is not None:
             fired[e.hook].append(e)
     calls = [c for c in module_calls(trace) if c.phase in (FORWARD, RECOMPUTE) and not c.raised]
-    out = []
+    # one surprise per hook and module: a hook registered anew in every forward (PEFT's per-forward
+    # hooks) is one finding, its registrations listed together
+    found: dict[tuple, list[tuple[Hook, str, list[int]]]] = {}
     for hook in hooks:
         proof = _with_and_without(trace, hook, fired.get(hook.id, []), calls)
-        if proof is None:
-            continue
-        sentence, seqs = proof
+        if proof is not None:
+            key = (hook.scope, hook.module, hook.tensor, hook.kind, hook.name, hook.defined_at)
+            found.setdefault(key, []).append((hook, *proof))
+    out = []
+    for group in found.values():
+        hook, sentence, seqs = group[0]
+        ids = [h.id for h, _, _ in group]
+        again = f" ({len(group)} registrations of it, each proven so)" if len(group) > 1 else ""
         out.append(
             Surprise(
                 "registered-during-run",
-                f"{label(hook)} ({hook.kind} on {on(hook)}) was registered while the model ran: {sentence}, "
-                f"so the hooks that ran differ between them.",
-                [hook.id],
-                seqs,
-                level=level_of(trace, [hook.id]),
+                f"{label(hook)} ({hook.kind} on {on(hook)}) was registered while the model ran{again}: "
+                f"{sentence}, so the hooks that ran differ between them.",
+                ids,
+                sorted({seq for _, _, more in group for seq in more}),
+                level=level_of(trace, ids),
             )
         )
     return out
