@@ -188,7 +188,7 @@ def test_every_patch_of_a_session_is_undone() -> None:
     opt = torch.optim.AdamW(m.parameters())
     before = _state()
     with hooktrace.trace(m) as t:
-        ledger = t._ledger
+        ledger = t._capture._ledger
         _covered(ledger, before)
         assert len(ledger.patched()) >= 40  # the register_* functions, the copies, autograd's, ...
         m[0].register_forward_hook(lambda mod, args, out: None)
@@ -222,7 +222,7 @@ def test_a_nested_session_is_refused_and_both_leave_nothing() -> None:
         with pytest.raises(RuntimeError, match="already active"):
             with inner:
                 pass
-        assert CURRENT.session is outer  # the refused one took nothing from the open one
+        assert CURRENT.session is outer._capture  # the refused one took nothing from the open one
         m(torch.randn(2, 4)).sum().backward()
     _assert_same(before)
     assert len(outer.trace.events) > 0
@@ -300,7 +300,7 @@ def test_ddp_comm_hook_code_is_its_own_after(gloo_one_rank: None) -> None:
         ddp.register_comm_hook(None, allreduce)
         ddp(torch.randn(3, 4)).sum().backward()
         assert allreduce.__code__ is not code  # traced through its code for the block
-        _covered(t._ledger, {**before, (id(allreduce), "__code__"): code})
+        _covered(t._capture._ledger, {**before, (id(allreduce), "__code__"): code})
     assert allreduce.__code__ is code
     _assert_same(before, (allreduce,))
     assert any(e.kind == "comm" for e in t.trace.hook_events())

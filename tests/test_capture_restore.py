@@ -87,7 +87,12 @@ def test_steps_threads_nesting_and_no_references_kept():
     assert events[1].thread == seen_threads[0] != events[0].thread
     assert t.trace.meta.steps == 2
     assert [e.seq for e in t.trace.events] == list(range(len(t.trace.events)))
-    assert t._model is None and not t._book.records and not t._book.tensor_shims and not t._rec.modules
+    assert (
+        t._capture._model is None
+        and not t._capture._book.records
+        and not t._capture._book.tensor_shims
+        and not t._capture._rec.modules
+    )
 
 
 def test_factory_inside_capture_with_attach():

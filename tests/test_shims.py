@@ -84,7 +84,7 @@ def test_records_hold_no_objects_the_garbage_collector_must_walk() -> None:
     model[0].register_forward_hook(lambda m, a, o: None)
     with hooktrace.trace(model) as t:
         model(torch.randn(1, 2)).sum().backward()
-        rec = t._rec
+        rec = t._capture._rec
         gc.collect()
         records = rec.hooks + rec.calls
         assert records and not any(gc.is_tracked(r) for r in records)

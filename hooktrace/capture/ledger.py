@@ -20,17 +20,18 @@ _CALL = object()  # the name of an `on_restore` entry: its owner is called
 class Current:
     """What the patched functions report to while a capture is open; None: they pass straight through.
 
-    session: the open `TraceSession`. interceptor: the `registry.Interceptor` that `register_*` calls report to. callbacks: the
-    session (or the registration watch before `exec`'s window) that autograd-node, saved-tensor and
-    DDP comm registrations report to. viewer, on_output, run_compiled: the session's views of the
-    hook dicts and module-call callbacks (capture/views.py). on_step_end: the end of an outermost
-    `optimizer.step()` (capture/steps.py). Only a `Ledger` sets them, so they are restored with
-    the patches; `Ledger.claim` refuses a slot another capture holds."""
+    session: the open capture (`session.Capture`). interceptor: the `registry.Interceptor` that
+    `register_*` calls report to. callbacks: the capture (or the registration watch before `exec`'s
+    window) that autograd-node, saved-tensor and DDP comm registrations report to. viewer,
+    on_output, run_compiled: the capture's views of the hook dicts and module-call callbacks
+    (capture/views.py). on_step_end: the end of an outermost `optimizer.step()` (capture/steps.py).
+    Only a `Ledger` sets them, so they are restored with the patches; `Ledger.claim` refuses a slot
+    another capture holds."""
 
     __slots__ = ("session", "interceptor", "callbacks", "viewer", "on_output", "run_compiled", "on_step_end")
 
     def __init__(self) -> None:
-        self.session: Any = None  # the `hooktrace.trace()` session that is open
+        self.session: Any = None  # the capture of the `hooktrace.trace()` session that is open
         self.interceptor: Any = None
         self.callbacks: Any = None
         self.viewer: Any = None

@@ -57,33 +57,17 @@ def check_torch() -> None:
     optim.copies()
 
 
-class TraceSession:
-    """Context manager returned by `hooktrace.trace()`. After the block: `.trace`, `to_dict()`, `save()`."""
+class Capture:
+    """The capture behind a `TraceSession`: installs the patches (one ledger), receives every
+    registration and hook callback (`registry`, `autograd`, the views), and leaves `pending`, what the
+    trace is built from. Only `TraceSession` and `steps.open_after` use it."""
 
-    def __init__(
-        self,
-        model: Any = None,
-        *,
-        target: Optional[str] = None,
-        analyse: Optional[Callable[..., list[Surprise]]] = None,
-        describe: Optional[Callable[[Trace], str]] = None,
-        shapes: bool = False,
-    ) -> None:
-        """`analyse(trace, deleted=ids, compiled_calls=windows, compiled_backward=runs)`: the trace's
-        surprises, made when it is built from the capture's facts (ids: hooks their own code took out of
-        their dict; windows: the module calls that ran compiled, `build.compiled_windows`; runs: the
-        hooks inside compiled autograd's graphs, `build.compiled_backward_runs`); `describe(trace)`:
-        the counts the session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
-        `analysis.counts.summary`: the capture analyses nothing. `shapes`: record what each hook
-        received and returned (capture/shapes.py; `--shapes`)."""
+    def __init__(self, model: Any = None, *, target: Optional[str] = None, shapes: bool = False) -> None:
         self._model = model
-        self._analyse = analyse
-        self._describe = describe
         self._roots: list[Any] = []  # the model, or with no model the roots of the calls (ending.modules_of)
         self._meta = Meta(target=target)
-        self._meta_overrides: dict[str, Any] = {}
-        self._trace: Optional[Trace] = None
-        self._pending: Optional[build.Pending] = None  # what the trace is built from, at first use
+        self.pending: Optional[build.Pending] = None  # what the trace is built from, after the block
+        self._ran = False
         self.shapes = shapes
         self._rec = shims.Recorder(shapes)
         self._paths: dict[int, str] = {}
@@ -100,15 +84,16 @@ class TraceSession:
         self._start_ns = 0
         self._held: set[int] = set()  # trace ids of the hooks the dicts held when the block ended
 
-    # -- public API ----------------------------------------------------------------------
-    def __enter__(self) -> TraceSession:
+    # -- open / close ----------------------------------------------------------------------
+    def open(self) -> None:
         if CURRENT.session is not None:
             raise RuntimeError(
                 "hooktrace.trace() is already active; nested or concurrent tracing is not supported. "
                 "Finish the outer `with hooktrace.trace(...)` block first."
             )
-        if self._trace is not None or self._pending is not None:
+        if self._ran:
             raise RuntimeError("this hooktrace.trace() session has already run; create a new one")
+        self._ran = True
         if self._rec.step_starts:
             raise RuntimeError(
                 "mark_step() was called before the `with hooktrace.trace(...)` block; call it inside"
@@ -125,10 +110,13 @@ class TraceSession:
         except BaseException:
             self._finish()
             raise
-        return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def close(self) -> None:
         self._finish()
+
+    @property
+    def active(self) -> bool:
+        return self._active
 
     def attach(self, model: Any) -> None:
         """Name module paths after `model` and record the hooks it already holds."""
@@ -171,62 +159,11 @@ class TraceSession:
             raise RuntimeError("mark_step() works inside the `with hooktrace.trace(...)` block only")
         self._rec.mark_step()
 
-    def set_meta(self, **fields: Any) -> None:
-        """Override meta fields (device, target, steps, rank, world_size)."""
-        self._meta_overrides.update(fields)
-        if self._trace is not None:
-            for key, value in fields.items():
-                setattr(self._trace.meta, key, value)
-
-    @property
-    def trace(self) -> Trace:
-        """The trace, built at first use from what the block left."""
-        if self._trace is None:
-            pending = self._pending
-            if pending is None:
-                raise RuntimeError("the trace is available after the `with hooktrace.trace(...)` block ends")
-            for key, value in self._meta_overrides.items():
-                setattr(pending.meta, key, value)
-            with gc_paused():
-                trace = build.build_trace(pending)
-                if self._analyse is not None:
-                    trace.surprises = self._analyse(
-                        trace,
-                        deleted=pending.deleted,
-                        compiled_calls=build.compiled_windows(pending),
-                        replaced_nodes=pending.replaced_nodes,
-                        compiled_backward=build.compiled_backward_runs(pending),
-                    )
-            self._trace = trace
-            self._pending = None
-        return self._trace
-
     @property
     def held_ids(self) -> set[int]:
         """Trace ids of the hooks the model's and the global dicts held when the block ended (copies'
         hooks under their own ids), for listing what stays registered."""
         return set(self._held)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.trace.to_dict()
-
-    def __repr__(self) -> str:
-        """One line: what the session is doing, or the counts every rendering shows."""
-        if self._active:
-            return "<hooktrace session: recording; the trace is ready when the `with` block ends>"
-        if self._trace is None and self._pending is None:
-            return "<hooktrace session: not started; use it as `with hooktrace.trace(model) as t:`>"
-        trace = self.trace
-        target = f" {trace.meta.target}" if trace.meta.target else ""
-        what = (
-            self._describe(trace)
-            if self._describe
-            else f"{len(trace.hooks)} hooks, {len(trace.events)} events"
-        )
-        return f"<hooktrace session{target}: {what}>"
-
-    def save(self, path: str) -> None:
-        self.trace.save(path)
 
     # -- install / restore ---------------------------------------------------------------
     def _install(self) -> None:
@@ -276,11 +213,11 @@ class TraceSession:
             if final is not None:
                 self._held = set(final.order)
             try:
-                self._pending = ending.snapshot(
+                self.pending = ending.snapshot(
                     self._book, self._rec, self._meta, self._start_ns, self._paths, self._roots, final
                 )
                 if self._compiled is not None:
-                    self._pending.compiled_backward = self._compiled.runs
+                    self.pending.compiled_backward = self._compiled.runs
             finally:
                 self._release()
 
@@ -455,3 +392,109 @@ class TraceSession:
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)
         self._model = None
         self._roots = []
+
+
+class TraceSession:
+    """Context manager returned by `hooktrace.trace()`. After the block: `.trace`, `to_dict()`, `save()`."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        target: Optional[str] = None,
+        analyse: Optional[Callable[..., list[Surprise]]] = None,
+        describe: Optional[Callable[[Trace], str]] = None,
+        shapes: bool = False,
+    ) -> None:
+        """`analyse(trace, deleted=ids, compiled_calls=windows, compiled_backward=runs)`: the trace's
+        surprises, made when it is built from the capture's facts (ids: hooks their own code took out of
+        their dict; windows: the module calls that ran compiled, `build.compiled_windows`; runs: the
+        hooks inside compiled autograd's graphs, `build.compiled_backward_runs`); `describe(trace)`:
+        the counts the session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
+        `analysis.counts.summary`: the capture analyses nothing. `shapes`: record what each hook
+        received and returned (capture/shapes.py; `--shapes`)."""
+        self._capture = Capture(model, target=target, shapes=shapes)
+        self._analyse = analyse
+        self._describe = describe
+        self._meta_overrides: dict[str, Any] = {}
+        self._trace: Optional[Trace] = None
+        self.shapes = shapes
+
+    def __enter__(self) -> TraceSession:
+        self._capture.open()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._capture.close()
+
+    def attach(self, model: Any) -> None:
+        """Name module paths after `model` and record the hooks it already holds."""
+        self._capture.attach(model)
+
+    def live_roots(self) -> list[Any]:
+        """With no model: the live modules of the outermost calls so far (`Capture.live_roots`)."""
+        return self._capture.live_roots()
+
+    def known_sites(self, found: dict[int, Site]) -> None:
+        """Call sites of hooks registered before the block (`Capture.known_sites`)."""
+        self._capture.known_sites(found)
+
+    def mark_step(self) -> None:
+        """Start the next step: later events carry `step + 1`."""
+        self._capture.mark_step()
+
+    @property
+    def held_ids(self) -> set[int]:
+        """Trace ids of the hooks the dicts held when the block ended (`Capture.held_ids`)."""
+        return self._capture.held_ids
+
+    def set_meta(self, **fields: Any) -> None:
+        """Override meta fields (device, target, steps, rank, world_size)."""
+        self._meta_overrides.update(fields)
+        if self._trace is not None:
+            for key, value in fields.items():
+                setattr(self._trace.meta, key, value)
+
+    @property
+    def trace(self) -> Trace:
+        """The trace, built at first use from what the block left."""
+        if self._trace is None:
+            pending = self._capture.pending
+            if pending is None:
+                raise RuntimeError("the trace is available after the `with hooktrace.trace(...)` block ends")
+            for key, value in self._meta_overrides.items():
+                setattr(pending.meta, key, value)
+            with gc_paused():
+                trace = build.build_trace(pending)
+                if self._analyse is not None:
+                    trace.surprises = self._analyse(
+                        trace,
+                        deleted=pending.deleted,
+                        compiled_calls=build.compiled_windows(pending),
+                        replaced_nodes=pending.replaced_nodes,
+                        compiled_backward=build.compiled_backward_runs(pending),
+                    )
+            self._trace = trace
+            self._capture.pending = None
+        return self._trace
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.trace.to_dict()
+
+    def __repr__(self) -> str:
+        """One line: what the session is doing, or the counts every rendering shows."""
+        if self._capture.active:
+            return "<hooktrace session: recording; the trace is ready when the `with` block ends>"
+        if self._trace is None and self._capture.pending is None:
+            return "<hooktrace session: not started; use it as `with hooktrace.trace(model) as t:`>"
+        trace = self.trace
+        target = f" {trace.meta.target}" if trace.meta.target else ""
+        what = (
+            self._describe(trace)
+            if self._describe
+            else f"{len(trace.hooks)} hooks, {len(trace.events)} events"
+        )
+        return f"<hooktrace session{target}: {what}>"
+
+    def save(self, path: str) -> None:
+        self.trace.save(path)

@@ -222,15 +222,16 @@ def open_after(registrations: Registrations, session: Any) -> None:
     registrations.pause()
     session.known_sites(dict(registrations.sites))
     session.__enter__()
+    capture = session._capture  # what the session's capture takes over, not the public session's
     try:
         for tensor in list(registrations.tensors.values()):
-            session.adopt_tensor(tensor)
+            capture.adopt_tensor(tensor)
         for ddp, hook, site in registrations.comm_hooks:
-            session.comm_hook_at(ddp(), hook, site)
+            capture.comm_hook_at(ddp(), hook, site)
         for ref, kind, variable in list(registrations.node_dicts.values()):
             d = ref()
             if d:
-                session.adopt_node_hooks(d, kind, variable() if variable is not None else None)
+                capture.adopt_node_hooks(d, kind, variable() if variable is not None else None)
     except BaseException:
         session.__exit__(None, None, None)  # every dict restored; the caller sees it as not opened
         raise
