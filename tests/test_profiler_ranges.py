@@ -154,3 +154,64 @@ def test_cli_profile_into_a_missing_folder_is_a_usage_error(tmp_path: Path) -> N
 
     code, _, err = invoke("run", "samples/quickstart.py", "--profile", str(tmp_path / "nope" / "p.json"))
     assert code == 2 and err.startswith("error:") and "does not exist" in err
+
+
+def _module_ranges(chrome: dict, prefix: str) -> list[dict]:
+    return [
+        e for e in chrome["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith(prefix)
+    ]
+
+
+def test_module_ranges_before_inside_and_after_a_traced_block(tmp_path: Path) -> None:
+    """PyTorch names module calls by `nn.Module.__call__`'s code, which hooktrace replaces in its
+    block: inside it, the wrapper's own `module <path> (<Class>)` ranges hold the hook ranges, and
+    PyTorch's `nn.Module:` ranges are back after it."""
+    calls: list[str] = []
+    net = hooked(calls)
+    x = torch.randn(3, 4)
+
+    def profiled(name: str) -> dict:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True
+        ) as prof:
+            net(x).sum().backward()
+        path = tmp_path / f"{name}.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())
+
+    before = profiled("before")
+    with hooktrace.trace(net):
+        inside = profiled("inside")
+    after = profiled("after")
+    for chrome in (before, after):
+        names = {r["name"] for r in _module_ranges(chrome, "nn.Module: ")}
+        assert {"nn.Module: Net_0", "nn.Module: Linear_0", "nn.Module: Linear_1"} <= names
+        assert not _module_ranges(chrome, "module ")
+    modules = {r["name"]: r for r in _module_ranges(inside, "module ")}
+    assert set(modules) == {"module <root> (Net)", "module fc1 (Linear)", "module fc2 (Linear)"}
+    forward_hooks = [r for r in _ranges(inside) if r["name"].split()[1] in ("forward_pre", "forward")]
+    assert len(forward_hooks) == 2
+    for hook in forward_hooks:
+        assert _inside(modules["module fc1 (Linear)"], hook), hook["name"]
+        assert _inside(modules["module <root> (Net)"], hook), hook["name"]
+    assert calls == ["forward_pre", "forward", "backward", "grad"] * 3
+
+
+def test_cli_profile_has_module_ranges_holding_the_hook_ranges(tmp_path: Path) -> None:
+    from tests.test_cli import invoke
+
+    code, _, err = invoke(
+        "run",
+        "samples/quickstart.py",
+        "-o",
+        str(tmp_path / "run.json"),
+        "--profile",
+        str(tmp_path / "prof.json"),
+    )
+    assert code == 0, err
+    chrome = json.loads((tmp_path / "prof.json").read_text())
+    modules = _module_ranges(chrome, "module ")
+    trace = hooktrace.load(tmp_path / "run.json")
+    assert len(modules) == len([e for e in trace.events if e.type == "enter"])
+    forward = [r for r in _ranges(chrome) if r["name"].split()[1] in ("forward_pre", "forward")]
+    assert forward and all(any(_inside(m, h) for m in modules) for h in forward)

@@ -179,6 +179,7 @@ class Capture:
             vars(torch.nn.Module)["_call_impl"],
             self._on_input,
             self._on_new_module,
+            self._paths,
         )
         self._run_codes.add(module_call.__code__)
         self._module_call = module_call

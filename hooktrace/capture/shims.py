@@ -41,7 +41,7 @@ import torch
 from .. import kinds
 from ..kinds import FORWARD, OPTIMIZER_PHASE, RECOMPUTE
 from . import shapes as describe
-from .ranges import ranged
+from .ranges import module_range, ranged
 from .returned import RETURN_IGNORED as RETURN_IGNORED  # noqa: F401 - where tests import it from
 from .returned import SAME, _ignored, _same_first
 from .views import _is_compiling
@@ -346,6 +346,7 @@ def make_module_call(
     original_call_impl: Callable[..., Any],
     on_input: Callable[[Any, Any], None],
     on_new_module: Callable[[Any], None],
+    paths: Optional[dict[int, str]] = None,
 ) -> Callable[..., Any]:
     """Replacement for `nn.Module.__call__` (PyTorch's `_wrapped_call_impl`): records `enter`/`exit`.
 
@@ -359,6 +360,8 @@ def make_module_call(
     are traced like any tensor hook); `on_new_module(module)` sees each module's first call (its
     parameters may hold hooks registered before the block). The output of modules with backward
     hooks is told to the capture by the `_call_impl` copy itself (views.hooktrace_output).
+    While a profiler records, the call is a `record_function` range `module <path> (<Class>)`
+    (`paths`: key -> path): PyTorch's own `nn.Module:` ranges know only its `__call__` (ranges.py).
     """
     append = rec.calls.append
     compiled_calls = rec.compiled
@@ -373,6 +376,8 @@ def make_module_call(
     type_of = type
     module_class = torch.nn.Module
     stepping = STEPPING
+    profiler = torch.autograd.profiler
+    known_paths = paths if paths is not None else {}
 
     def hooktrace_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if compiling():
@@ -394,6 +399,9 @@ def make_module_call(
         if stepping and ident() in stepping:
             phase = OPTIMIZER_PHASE
         compiled = self._compiled_call_impl
+        scope = module_range(self, known_paths.get(key)) if profiler._is_profiler_enabled else None
+        if scope is not None:
+            scope.__enter__()
         t0 = clock()
         try:
             if compiled is not None:
@@ -405,12 +413,16 @@ def make_module_call(
                 result = self._call_impl(*args, **kwargs)
         except BaseException as exc:
             t1 = clock()
+            if scope is not None:
+                scope.__exit__(None, None, None)
             tid = ident()
             if tid == main:
                 tid = main
             append((seq, next(counter), phase, key, tid, t0, t1, error_text(exc)))
             raise
         t1 = clock()
+        if scope is not None:
+            scope.__exit__(None, None, None)
         tid = ident()
         if tid == main:
             tid = main
