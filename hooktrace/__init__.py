@@ -52,10 +52,9 @@ def trace(model: Optional[Any] = None, *, target: Optional[str] = None, shapes: 
     `(f32[8,16] cpu,), f32[8,4] cpu`); off by default, and then it costs nothing.
     """
     from .analysis.counts import summary
-    from .analysis.surprises import find_surprises
-    from .capture import TraceSession
+    from .runs.driver import open_capture
 
-    return TraceSession(model, target=target, analyse=find_surprises, describe=summary, shapes=shapes)
+    return open_capture(model, target=target, describe=summary, shapes=shapes)
 
 
 def diff(a: Any, b: Any) -> TraceDiff:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
 
 from ..analysis.ranks import compare_ranks
 from ..options import RunOptions, UsageError, check_nproc, check_timeout
+from ..runs.stop import install, restore
 from ..schema import TraceFormatError
 from ..target import split_spec
 from ..validate import load
@@ -219,11 +220,8 @@ def _signals_raise() -> Iterator[dict[str, int]]:
     """While ranks may run, SIGINT/SIGTERM/SIGHUP/SIGQUIT raise (installed before torch is imported); the
     handlers found are restored afterwards. A signal that arrives outside the launch (while the
     traces are read) is recorded in the yielded dict and ends the reading."""
-    main = threading.current_thread() is threading.main_thread()  # only there can handlers be set
-    saved = {sig: signal.getsignal(sig) for sig in _SIGNALS} if main else {}
+    saved = install(_SIGNALS, _raise_interrupted)  # an ignored one (nohup) stays so
     seen: dict[str, int] = {}
-    for sig, handler in saved.items():
-        signal.signal(sig, signal.SIG_IGN if handler is signal.SIG_IGN else _raise_interrupted)
     elastic = logging.getLogger("torch.distributed.elastic")
     quiet = logging.NullHandler()  # its warnings ("Sending process ... closing signal") are ours to say
     elastic.addHandler(quiet)
@@ -237,8 +235,7 @@ def _signals_raise() -> Iterator[dict[str, int]]:
     finally:
         elastic.propagate = propagate
         elastic.removeHandler(quiet)
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+        restore(saved)
 
 
 def _rank_env(rank: int, nproc: int, port: int, run_id: str) -> dict[str, str]:
@@ -308,8 +305,7 @@ class _Watch:
                     log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL, tee=tee
                 ),
             )
-            for sig, handler in ours.items():  # ours raise as torch's do; an ignored signal stays so
-                signal.signal(sig, handler)
+            restore(ours)  # ours raise as torch's do; an ignored signal stays so
             while not self._done():
                 time.sleep(_POLL)
         except _stop_signals() as exc:

@@ -28,6 +28,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from ..options import UsageError
+from ..runs.stop import install, restore
 from .result import CRASHED, FAILED, OK, STATE_EXIT, STOPPED, USAGE, rank_trace_path
 
 PROGRESS_KEY = "hooktrace/progress/{rank}"
@@ -72,8 +73,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
         if _DEFERRAL.pending is None:
             _DEFERRAL.pending = signum
         return
-    for sig in STOP_SIGNALS:  # one is enough: let the rank write its trace
-        signal.signal(sig, signal.SIG_IGN)
+    install(STOP_SIGNALS, signal.SIG_IGN)  # one is enough: let the rank write its trace
     raise RankTerminated(f"stopped by {signal.Signals(signum).name}")
 
 
@@ -330,9 +330,7 @@ def state_of(exc: Optional[BaseException]) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one rank from its JOB (JSON: target, out, options, join_timeout); the exit code says how it ended."""
     # First: importing torch takes seconds. A signal the rank was started ignoring (nohup) stays so.
-    ignored = {sig for sig in STOP_SIGNALS if signal.getsignal(sig) is signal.SIG_IGN}
-    for sig in set(STOP_SIGNALS) - ignored:
-        signal.signal(sig, _raise_terminated)
+    found = install(STOP_SIGNALS, _raise_terminated)
     args = sys.argv[1:] if argv is None else argv
     failure: Optional[BaseException] = None
     try:
@@ -345,8 +343,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as exc:
         failure = exc
     finally:
-        for sig in STOP_SIGNALS:  # done: a late stop signal just ends the process
-            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+        restore(dict.fromkeys(found, signal.SIG_DFL))  # done: a late stop signal just ends the process
         dist = sys.modules.get("torch.distributed")
         if dist is not None:
             with contextlib.suppress(Exception):

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..analysis.counts import plural
-from ..analysis.surprises import find_surprises
-from ..capture.session import TraceSession, check_torch
+from ..capture.session import check_torch
 from ..capture.shims import in_backward
 from ..capture.steps import Registrations, open_after
 from ..capture.views import UnsupportedTorch
@@ -23,6 +22,7 @@ from ..kinds import BACKWARD, FORWARD, HOOK, OPTIMIZER_PHASE
 from ..options import RunOptions, UsageError
 from ..schema import Trace
 from ..target import Factory, exec_command
+from .driver import open_capture
 from .failure import describe_error, failing_event, meta_failure
 from .stop import Stopped, StopSignals
 
@@ -103,7 +103,7 @@ class _Capture:
     per-call cost), and `open()` opens it before the first traced step."""
 
     def __init__(self, spec: str, options: RunOptions, progress: _Progress) -> None:
-        self.session = TraceSession(target=spec, analyse=find_surprises, shapes=options.shapes)
+        self.session = open_capture(target=spec, shapes=options.shapes)
         self.registrations = Registrations(progress.in_model) if options.warmup else None
         self.opened = False
 
@@ -342,7 +342,7 @@ class HeldHooks:
 def held_hooks(factory: Factory) -> HeldHooks:
     """Call the factory inside a capture, without running the model; the trace holds every hook."""
     _check_torch()
-    with TraceSession(target=factory.spec, analyse=find_surprises) as t:
+    with open_capture(target=factory.spec) as t:
         target = coerce_result(_call_factory(factory), factory.label)
         t.attach(target.model)
         t.set_meta(target=factory.spec, steps=0)

@@ -22,8 +22,9 @@ from typing import Any, Callable, Optional
 from ..analysis.counts import plural
 from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER, UsageError
 from ..schema import Trace
+from .driver import open_capture
 from .failure import describe_error, failing_event, script_frame
-from .stop import Stopped
+from .stop import Stopped, install, restore
 
 _STEP_WORDS = {STEP_OPTIMIZER: "optimizer.step()", STEP_BACKWARD: "outermost backward()",
                STEP_FORWARD: "outermost module call"}  # fmt: skip
@@ -178,13 +179,9 @@ class _Window:
             raise ScriptStopped(self.ended)
 
     def open(self) -> None:
-        from ..analysis.surprises import find_surprises
-        from ..capture.session import TraceSession
         from ..capture.steps import open_after
 
-        session = TraceSession(
-            None, target=self.script.label, analyse=find_surprises, shapes=self.options.shapes
-        )
+        session = open_capture(target=self.script.label, shapes=self.options.shapes)
         open_after(self.registrations, session)  # the capture sees registrations itself now
         self.session = session
         self.watch.rewrap()
@@ -211,12 +208,10 @@ class _Window:
         return self.result
 
     def _result(self, ended_by: Optional[str]) -> ScriptResult:
-        from ..analysis.surprises import find_surprises
-        from ..capture.session import TraceSession
 
         session = self.session
         if session is None:  # the window never opened: an empty trace
-            session = TraceSession(None, target=self.script.label, analyse=find_surprises)
+            session = open_capture(target=self.script.label)
             with session:
                 pass
         rank, world = _rank_meta()
@@ -318,14 +313,10 @@ class _Sigterm:
     SIGINT keeps Python's own handler: the script sees KeyboardInterrupt, as it would untraced."""
 
     def __init__(self) -> None:
-        self._previous: Any = None
+        self._saved: dict[int, Any] = {}
 
     def __enter__(self) -> _Sigterm:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                self._previous = signal.signal(signal.SIGTERM, self._handler)
+        self._saved = install((signal.SIGTERM,), self._handler, only_default=True)
         return self
 
     @staticmethod
@@ -333,8 +324,7 @@ class _Sigterm:
         raise Stopped(signum)
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None and signal.getsignal(signal.SIGTERM) == self._handler:
-            signal.signal(signal.SIGTERM, self._previous)
+        restore(self._saved, only_if=self._handler)
 
 
 def run_script(

@@ -1,10 +1,12 @@
-"""SIGINT / SIGTERM during a traced run: the run stops, the capture restores, the partial trace is kept."""
+"""The one stop policy: the only module that sets signal handlers (`install`, `restore`). SIGINT /
+SIGTERM during a traced run: the run stops, the capture restores, the partial trace is kept. The
+script driver, the rank launcher and the rank worker set theirs through `install` too."""
 
 from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 
 class Stopped(BaseException):
@@ -13,6 +15,29 @@ class Stopped(BaseException):
     def __init__(self, signum: int) -> None:
         self.signal = signal.Signals(signum)
         super().__init__(f"{self.signal.name} (the run was stopped)")
+
+
+def install(signals: Iterable[int], handler: Any, *, only_default: bool = False) -> dict[int, Any]:
+    """Set `handler` for each signal (in the main thread; elsewhere none can be set) and return the
+    handlers found, for `restore`. A signal found ignored (`nohup`) stays ignored; with
+    `only_default`, a signal the program handles itself keeps its handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    found: dict[int, Any] = {}
+    for sig in signals:
+        previous = signal.getsignal(sig)
+        if previous is signal.SIG_IGN or (only_default and previous != signal.SIG_DFL):
+            continue
+        signal.signal(sig, handler)
+        found[sig] = previous
+    return found
+
+
+def restore(saved: Mapping[Any, Any], only_if: Any = None) -> None:
+    """Put back the handlers `install` found (with `only_if`: where that handler is still set)."""
+    for sig, previous in saved.items():
+        if only_if is None or signal.getsignal(sig) == only_if:
+            signal.signal(sig, signal.SIG_DFL if previous is None else previous)
 
 
 class StopSignals:
@@ -36,10 +61,8 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if self.enabled:
-            for sig in self.SIGNALS:
-                self._saved[sig] = signal.signal(sig, self._handler)
+            self._saved = install(self.SIGNALS, self._handler)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for sig, previous in self._saved.items():
-            signal.signal(sig, previous)
+        restore(self._saved)
