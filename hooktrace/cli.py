@@ -139,10 +139,11 @@ def run(
         factory = load_factory(target)  # before importing torch: a missing file is reported at once
         from .runs.factory import run as run_target
 
-        with profiled(profile):
+        with profiled(profile) as merged:
             result = run_target(factory, options, stop_signals=True)
+            merged.trace = result.trace
         if profile is not None:
-            _stderr(f"wrote {profile} (torch.profiler Chrome trace; hooks are 'hook <kind> <name>' ranges)")
+            _stderr(f"wrote {profile} (torch.profiler's Chrome trace with hooktrace's events, aligned)")
         if not (quiet and output is None):
             _output(result.trace, format, output, view, quiet, keep=True)
     except UsageError as exc:

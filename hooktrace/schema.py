@@ -127,6 +127,10 @@ class Meta:
     # steps that ran untraced before the traced ones: `run --warmup N` (N), `exec --start K` (K); 0
     # means the traced steps include the model's first calls; None when not known (the Python API)
     warmup: Optional[int] = None
+    # the clocks at capture start, which events' start_ns count from: time.perf_counter_ns() and
+    # time.time_ns() read together (aligns the trace with other tools' timelines); None when unknown
+    clock_perf_ns: Optional[int] = None
+    clock_unix_ns: Optional[int] = None
 
     @property
     def dry_run(self) -> bool:

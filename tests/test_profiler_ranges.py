@@ -215,3 +215,86 @@ def test_cli_profile_has_module_ranges_holding_the_hook_ranges(tmp_path: Path) -
     assert len(modules) == len([e for e in trace.events if e.type == "enter"])
     forward = [r for r in _ranges(chrome) if r["name"].split()[1] in ("forward_pre", "forward")]
     assert forward and all(any(_inside(m, h) for m in modules) for h in forward)
+
+
+def test_the_trace_holds_its_clock_anchor(tmp_path: Path) -> None:
+    import time
+
+    net = hooked([])
+    unix0, perf0 = time.time_ns(), time.perf_counter_ns()
+    with hooktrace.trace(net) as t:
+        net(torch.randn(3, 4))
+    unix1, perf1 = time.time_ns(), time.perf_counter_ns()
+    meta = t.trace.meta
+    assert meta.clock_perf_ns is not None and meta.clock_unix_ns is not None
+    assert perf0 <= meta.clock_perf_ns <= perf1 and unix0 <= meta.clock_unix_ns <= unix1
+    t.trace.save(tmp_path / "t.json")
+    again = hooktrace.load(tmp_path / "t.json")
+    assert (again.meta.clock_perf_ns, again.meta.clock_unix_ns) == (meta.clock_perf_ns, meta.clock_unix_ns)
+
+
+def _aligned_hooks(merged: dict, trace: Any) -> list[tuple[dict, dict]]:
+    """(hooktrace's hook event, the profiler's range it matched) in each hook's call order."""
+    names = {h.name: h for h in trace.hooks}
+    ours = sorted(
+        (
+            e
+            for e in merged["traceEvents"]
+            if e.get("ph") == "X" and e.get("name") in names and "seq" in e.get("args", {})
+        ),
+        key=lambda e: e["ts"],
+    )
+    pairs = []
+    for e in ours:
+        label = f"hook {e['args']['kind']} {e['name']}"
+        theirs = sorted((r for r in _ranges(merged) if r["name"] == label), key=lambda r: r["ts"])
+        nth = sum(1 for p, _ in pairs if p["name"] == e["name"])
+        pairs.append((e, theirs[nth]))
+    return pairs
+
+
+def _centred(ours: dict, theirs: dict) -> bool:
+    """Each span's midpoint lies inside the other (hooktrace's span encloses the range's opening and
+    closing, so it is a few µs longer at both ends)."""
+
+    def mid(e: dict) -> float:
+        return e["ts"] + e["dur"] / 2
+
+    return (
+        theirs["ts"] <= mid(ours) <= theirs["ts"] + theirs["dur"]
+        and ours["ts"] <= mid(theirs) <= ours["ts"] + ours["dur"]
+    )
+
+
+def test_merged_profile_places_each_hook_inside_its_profiler_range(tmp_path: Path) -> None:
+    from hooktrace.render.merged import merge_profile
+
+    chrome, trace, calls, _ = profile_run(tmp_path)
+    merged = merge_profile(trace, chrome)
+    pairs = _aligned_hooks(merged, trace)
+    assert len(pairs) == len(calls) == 4
+    for ours, theirs in pairs:
+        assert _centred(ours, theirs), (ours["name"], ours["ts"], ours["dur"], theirs["ts"], theirs["dur"])
+    assert abs(merged["otherData"]["hooktrace_offset_us"]) < 5_000, "the anchor alone is close"
+    assert len(merged["traceEvents"]) > len(chrome["traceEvents"])
+
+
+def test_cli_profile_merges_hooktraces_events(tmp_path: Path) -> None:
+    from tests.test_cli import invoke
+
+    code, _, err = invoke(
+        "run",
+        "samples/quickstart.py",
+        "-o",
+        str(tmp_path / "run.json"),
+        "--profile",
+        str(tmp_path / "prof.json"),
+    )
+    assert code == 0, err
+    merged = json.loads((tmp_path / "prof.json").read_text())
+    trace = hooktrace.load(tmp_path / "run.json")
+    pairs = _aligned_hooks(merged, trace)
+    assert len(pairs) == len([e for e in trace.events if e.type == "hook"]) > 0
+    for ours, theirs in pairs:
+        assert _centred(ours, theirs), (ours["name"], ours["ts"], ours["dur"], theirs["ts"], theirs["dur"])
+    assert any(e.get("name") == "aten::linear" for e in merged["traceEvents"])

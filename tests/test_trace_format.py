@@ -184,6 +184,8 @@ _BAD = {
         ("created", 0),
         ("rank", "0"),
         ("world_size", 1.5),
+        ("clock_perf_ns", "1"),
+        ("clock_unix_ns", 1.5),
     ],
     "modules": [("path", None), ("path", 1), ("type", {})],
     "hooks": [

@@ -100,7 +100,8 @@ class Capture:
             )
         self._ledger.set(CURRENT, "session", self)
         self._active = True
-        self._start_ns = time.perf_counter_ns()
+        self._meta.clock_unix_ns = time.time_ns()
+        self._start_ns = self._meta.clock_perf_ns = time.perf_counter_ns()
         self._meta.created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         try:
             with gc_paused():

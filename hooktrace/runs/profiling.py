@@ -3,7 +3,8 @@
 While the profiler records, every traced hook call is a `record_function` range
 `hook <kind> <name>` (capture/shims.py), so the profiler's trace shows the hooks among the
 operators and kernels they ran (TensorBoard, Perfetto). The file is written atomically: a run that
-fails to export leaves an earlier file at PATH as it was.
+fails to export leaves an earlier file at PATH as it was. When the caller sets the holder's `trace`,
+the file also holds hooktrace's events, aligned on the profiler's timeline (render/merged.py).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from ..options import UsageError
 
-__all__ = ["check_profile_path", "profiled"]
+__all__ = ["Profiled", "check_profile_path", "profiled"]
 
 
 def check_profile_path(path: Optional[Path]) -> None:
@@ -30,11 +31,18 @@ def check_profile_path(path: Optional[Path]) -> None:
         raise UsageError(f"--profile {path} is a folder; give a file name such as {path / 'profile.json'}")
 
 
+class Profiled:
+    """What `profiled` yields: set `trace` to the run's trace to merge it into the file."""
+
+    trace: Any = None
+
+
 @contextlib.contextmanager
-def profiled(path: Optional[Path]) -> Iterator[None]:
+def profiled(path: Optional[Path]) -> Iterator[Profiled]:
     """Run the block under torch.profiler (CPU, and CUDA when available); write its Chrome trace."""
+    holder = Profiled()
     if path is None:
-        yield
+        yield holder
         return
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -43,13 +51,19 @@ def profiled(path: Optional[Path]) -> Iterator[None]:
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
-        yield
+        yield holder
     fd, tmp = tempfile.mkstemp(
         prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else "."
     )
     os.close(fd)
     try:
         prof.export_chrome_trace(tmp)
+        if holder.trace is not None and holder.trace.meta.clock_unix_ns is not None:
+            from ..io import dumps, loads
+            from ..render.merged import merge_profile
+
+            merged = merge_profile(holder.trace, loads(Path(tmp).read_bytes()))
+            Path(tmp).write_bytes(dumps(merged, newline=True))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
