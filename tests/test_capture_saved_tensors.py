@@ -31,7 +31,7 @@ def _block(traced: bool) -> Any:
 
 @pytest.mark.skipif(
     not hasattr(torch._C._autograd.SavedTensor, "unpack_hook"),
-    reason="torch 2.8's SavedTensor has no unpack_hook or data to read back (torch 2.9 added them)",
+    reason="torch 2.8 and 2.9's SavedTensor has no unpack_hook or data to read back (torch 2.10 added them)",
 )
 @pytest.mark.parametrize("traced", [False, True])
 def test_a_saved_tensor_reports_the_users_unpack_hook(traced: bool) -> None:

@@ -129,11 +129,11 @@ def test_an_internal_missing_at_the_capture_import_is_one_line_not_an_internal_e
 
 
 def test_saved_tensor_hooks_are_traced_where_saved_tensors_have_no_unpack_hook(tmp_path: Path) -> None:
-    # torch 2.8's SavedTensor has no `unpack_hook` to read back (2.9 added it): nothing to hide then,
+    # torch 2.8 and 2.9's SavedTensor has no `unpack_hook` to read back (2.10 added it): nothing to hide then,
     # and the pack/unpack hooks are traced in the order they ran
     done = _fresh(
         "import torch\n"
-        "if hasattr(torch._C._autograd.SavedTensor, 'unpack_hook'):  # torch 2.9 and later\n"
+        "if hasattr(torch._C._autograd.SavedTensor, 'unpack_hook'):  # torch 2.10 and later\n"
         "    del torch._C._autograd.SavedTensor.unpack_hook\n"
         "import hooktrace\n"
         "ran = []\n"

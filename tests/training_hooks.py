@@ -69,7 +69,7 @@ def class_state() -> dict[Any, Any]:
         todo.extend(cls.__subclasses__())
     out.update({(saved_tensors_hooks, k): v for k, v in vars(saved_tensors_hooks).items()})
     out[("HookMixin", "_register_hook")] = vars(torch.autograd.function._HookMixin)["_register_hook"]
-    out[("SavedTensor", "unpack_hook")] = vars(torch._C._autograd.SavedTensor).get("unpack_hook")  # from 2.9
+    out[("SavedTensor", "unpack_hook")] = vars(torch._C._autograd.SavedTensor).get("unpack_hook")  # from 2.10
     out[("dist", "_register_comm_hook")] = getattr(dist, "_register_comm_hook", None)
     return out
 

@@ -48,7 +48,7 @@ _push_hooks: Callable[[Any, Any], None] = torch._C._autograd._push_saved_tensors
 _ORIGINAL_REGISTER = vars(autograd_function._HookMixin)["_register_hook"]
 _ORIGINAL_ENTER = vars(saved_tensors_hooks)["__enter__"]
 _SAVED_TENSOR = torch._C._autograd.SavedTensor
-# `SavedTensor.unpack_hook` (read back by user code) exists from torch 2.9; torch 2.8's SavedTensor
+# `SavedTensor.unpack_hook` (read back by user code) exists from torch 2.10; torch 2.8 and 2.9's SavedTensor
 # has only `register_hooks`, and nothing reads the pushed hook back: there is nothing to hide then.
 _ORIGINAL_UNPACK_HOOK: Optional[Any] = vars(_SAVED_TENSOR).get("unpack_hook")
 
