@@ -19,7 +19,6 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from .. import supported
 from ..io import gc_paused
 from ..kinds import INPUT_OF, NODE, TENSOR, K
 from ..schema import Meta, Surprise, Trace
@@ -52,7 +51,6 @@ def _no_path(_module: Any) -> None:
 def check_torch() -> None:
     """Make the rewritten copies of PyTorch's methods now: UnsupportedTorch if this torch is older than
     hooktrace supports or its source does not match."""
-    supported.require()
     views.copies()
     optim.copies()
 
@@ -168,7 +166,6 @@ class Capture:
 
     # -- install / restore ---------------------------------------------------------------
     def _install(self) -> None:
-        supported.require()
         dynamo.skip_own_frames(shims.SHIM_CODES)  # once per process; later captures find nothing new
         ledger = self._ledger
         registry.Interceptor(self._on_register, self._on_handle, self._on_remove).install(ledger)

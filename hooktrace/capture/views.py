@@ -326,7 +326,9 @@ _MODULE_METHODS = frozenset(
 
 
 def copies() -> _Copies:
+    """The copies (made once); first, UnsupportedTorch for a torch older than 2.8 (supported.require)."""
     global _made
+    supported.require()
     if _made is None:
         _made = _Copies(
             torch.nn.Module,
