@@ -158,7 +158,7 @@ OPTIONS: dict[str, Flag] = {
     "diff_quiet": Flag(("--quiet", "-q"), "Print only the differences (nothing when equal).", default=False),
     "profile": Flag(
         ("--profile",),
-        "Also run under torch.profiler and write its Chrome trace here (hooks as ranges).",
+        "Also run under torch.profiler and write one Chrome/Perfetto file here: the profiler's events and hooktrace's, aligned (hooks and module calls as ranges).",
         "PATH",
     ),
     # -- the tree's view (View)
