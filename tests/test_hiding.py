@@ -138,3 +138,18 @@ def test_checkpoints_early_stop_is_not_drawn_as_an_error() -> None:
     assert "error: _Stop" not in text and ", error]" not in text and "[error]" not in text
     dot = str(render(trace, "dot", expand=True))
     assert "error: _Stop" not in dot and "stopped by PyTorch: _StopRecomputationError" in dot
+
+
+def test_a_users_file_is_no_library_when_a_namesake_is_on_sys_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # another folder's train.py on sys.path (a script run earlier in the process) made the user's
+    # train.py an "installed package" and so hidden by --hide-library
+    elsewhere, here = tmp_path / "elsewhere", tmp_path / "here"
+    for folder in (elsewhere, here):
+        folder.mkdir()
+        (folder / "train.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(elsewhere))
+    monkeypatch.chdir(here)
+    assert not is_library_file("train.py:90")
+    assert is_library_file("torch/utils/checkpoint.py:1155")

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import importlib.util
+import importlib.machinery
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional
@@ -50,23 +51,22 @@ def _python_dirs() -> tuple[str, ...]:
     return tuple(os.path.abspath(d) + os.sep for d in dirs)
 
 
+def _install_dirs() -> list[str]:
+    """Where installed packages live: Python's own library and the site-packages folders."""
+    return [d.rstrip(os.sep) for d in _python_dirs()] + [
+        p for p in map(os.path.abspath, sys.path) if os.path.basename(p) in ("site-packages", "dist-packages")
+    ]
+
+
 @functools.lru_cache(maxsize=1024)
 def _installed(top: str) -> bool:
-    """A top-level module name that imports from outside the working folder (an installed package)."""
+    """A top-level module name found in Python's install folders (an installed package). Only those
+    are searched: a `train.py` that sys.path or sys.modules holds from elsewhere is no library."""
     if top in KNOWN_LIBRARIES:
         return True
     if not top.isidentifier():
         return False
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return False
-    origin = getattr(spec, "origin", None) if spec is not None else None
-    if spec is None or (origin is None and not spec.submodule_search_locations):
-        return False
-    where = os.path.abspath(origin or next(iter(spec.submodule_search_locations or ["."])))
-    cwd = os.path.abspath(os.getcwd()) + os.sep
-    return not where.startswith(cwd) or any(where.startswith(d) for d in _python_dirs())
+    return importlib.machinery.PathFinder.find_spec(top, _install_dirs()) is not None
 
 
 def is_library_file(defined_at: Optional[str]) -> bool:
