@@ -137,9 +137,10 @@ def run(
         from .target import load_factory
 
         factory = load_factory(target)  # before importing torch: a missing file is reported at once
+        from .render.merged import merge_profile
         from .runs.factory import run as run_target
 
-        with profiled(profile) as merged:
+        with profiled(profile, merge_profile) as merged:
             result = run_target(factory, options, stop_signals=True)
             merged.trace = result.trace
         if profile is not None:

@@ -482,22 +482,14 @@ def end_module_call(wrapper: Any) -> None:
     on another thread finds callables that do nothing (and a compiled call run plainly)."""
     wrapper.hooktrace_live.clear()
     cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
-    for name, inert in (
-        ("on_input", _ignored_input),
-        ("on_new_module", _ignored_module),
-        ("run_compiled", _run_plain),
-    ):
+    for name, inert in (("on_input", _inert), ("on_new_module", _inert), ("run_compiled", _run_plain)):
         cell = cells.get(name)
         if cell is not None:
             cell.cell_contents = inert
     wrapper.__dict__.pop("run_compiled", None)
 
 
-def _ignored_input(_module: Any, _tensor: Any) -> None:
-    return None
-
-
-def _ignored_module(_module: Any) -> None:
+def _inert(*_args: Any) -> None:
     return None
 
 

@@ -3,8 +3,9 @@
 While the profiler records, every traced hook call is a `record_function` range
 `hook <kind> <name>` (capture/shims.py), so the profiler's trace shows the hooks among the
 operators and kernels they ran (TensorBoard, Perfetto). The file is written atomically: a run that
-fails to export leaves an earlier file at PATH as it was. When the caller sets the holder's `trace`,
-the file also holds hooktrace's events, aligned on the profiler's timeline (render/merged.py).
+fails to export leaves an earlier file at PATH as it was. When the caller gives a `merge` (render/merged.py's
+`merge_profile`, from a floor above) and sets the holder's `trace`, the file also holds hooktrace's
+events, aligned on the profiler's timeline.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..options import UsageError
 
@@ -38,8 +39,9 @@ class Profiled:
 
 
 @contextlib.contextmanager
-def profiled(path: Optional[Path]) -> Iterator[Profiled]:
-    """Run the block under torch.profiler (CPU, and CUDA when available); write its Chrome trace."""
+def profiled(path: Optional[Path], merge: Optional[Callable[[Any, Any], Any]] = None) -> Iterator[Profiled]:
+    """Run the block under torch.profiler (CPU, and CUDA when available); write its Chrome trace,
+    with the holder's trace put in by `merge(trace, chrome_document)` when both are given."""
     holder = Profiled()
     if path is None:
         yield holder
@@ -58,11 +60,10 @@ def profiled(path: Optional[Path]) -> Iterator[Profiled]:
     os.close(fd)
     try:
         prof.export_chrome_trace(tmp)
-        if holder.trace is not None and holder.trace.meta.clock_unix_ns is not None:
+        if merge is not None and holder.trace is not None and holder.trace.meta.clock_unix_ns is not None:
             from ..io import dumps, loads
-            from ..render.merged import merge_profile
 
-            merged = merge_profile(holder.trace, loads(Path(tmp).read_bytes()))
+            merged = merge(holder.trace, loads(Path(tmp).read_bytes()))
             Path(tmp).write_bytes(dumps(merged, newline=True))
         os.replace(tmp, path)
     except BaseException:
