@@ -200,7 +200,10 @@ def test_each_attention_mask_line_on_meta_gets_its_own_hint(tmp_path: Path) -> N
                 config._attn_implementation = attn
                 with torch.device("meta"):
                     model = LlamaForCausalLM(config)
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x; the old name warns
+                    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                else:
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
                 model.train()
                 model.model.layers[0].register_forward_hook(lambda m, a, out: None)
                 ids = torch.zeros(1, 16, dtype=torch.long)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..kinds import ROOT
 from .sites import hook_name
 
 __all__ = ["module_range", "ranged"]
@@ -34,5 +35,5 @@ def ranged(fn: Any, kind: str) -> Callable[..., Any]:
 def module_range(module: Any, path: Optional[str]) -> Any:
     """The `record_function` range of one module call: `module <path> (<Class>)`."""
     cls = type(module).__name__
-    where = path if path else ("<root>" if path == "" else "?")
+    where = path if path else (ROOT if path == "" else "?")
     return torch.autograd.profiler.record_function(f"module {where} ({cls})")
