@@ -16,9 +16,11 @@ _CALL_KINDS = frozenset((*kinds.MODULE_KINDS, K.forward_wrapper))
 _FORWARD_KINDS = frozenset((*kinds.FORWARD_KINDS, K.forward_wrapper))
 
 Windows = Mapping[Optional[str], Sequence[tuple[int, int]]]
+# module path -> the hook ids Dynamo compiled into each graph compiled in its calls, in program order
+Graphs = Mapping[Optional[str], Sequence[Sequence[int]]]
 
 
-def compiled(trace: Trace, windows: Windows) -> list[Surprise]:
+def compiled(trace: Trace, windows: Windows, graphs: Optional[Graphs] = None) -> list[Surprise]:
     """A `compiled` surprise per module that ran compiled, naming the hooks that were not seen.
 
     `windows`: module path (None: outside the model) -> (enter, exit) event seqs of its compiled
@@ -52,6 +54,7 @@ def compiled(trace: Trace, windows: Windows) -> list[Surprise]:
         if not hidden:
             continue  # every hook of it ran as Python and is traced: nothing to say
         n, k = len(spans), len(hidden)
+        order = _graph_order(trace, graphs, path)
         out.append(
             Surprise(
                 rule="compiled",
@@ -62,13 +65,42 @@ def compiled(trace: Trace, windows: Windows) -> list[Surprise]:
                     f"{'they' if k != 1 else 'it'} ran inside the compiled code (in its graph, or called from it), "
                     "or not at all "
                     "(trace the eager model to see their order). Hooks that ran as Python (after a "
-                    "graph break, in backward) are traced as usual"
+                    "graph break, in backward) are traced as usual" + order
                 ),
                 hooks=hidden,
                 events=[enter for enter, _ in spans if enter != -1],
             )
         )
     return out
+
+
+def _graph_order(trace: Trace, graphs: Optional[Graphs], path: Optional[str]) -> str:
+    """What the capture saw Dynamo compile into the graphs of `path`'s calls, as a sentence."""
+    if graphs is None:
+        return ""
+    mine = [ids for ids in graphs.get(path, ()) if ids]
+    if not mine:
+        return (
+            ". No graph of it was compiled while tracing (it was compiled before tracing began, or "
+            "holds no hook): which hooks its graph runs is not known"
+        )
+    hooks = {h.id: h for h in trace.hooks}
+    parts = []
+    for i, ids in enumerate(mine):
+        names = " → ".join(
+            f"`{hooks[j].name}` ({hooks[j].kind} on {_label(hooks[j].module)})" for j in ids if j in hooks
+        )
+        parts.append(f"graph {i + 1}: {names}" if len(mine) > 1 else names)
+    return (
+        ". Dynamo compiled these hook calls into its graph"
+        + ("s" if len(mine) > 1 else "")
+        + ", in program order, which each compiled call runs: "
+        + "; ".join(parts)
+    )
+
+
+def _label(module: Optional[str]) -> str:
+    return ROOT if module == "" else (f"`{module}`" if module is not None else "every module (global)")
 
 
 def _under(module: Optional[str], path: Optional[str]) -> bool:

@@ -53,6 +53,9 @@ class Pending:
     shapes: Optional[list[tuple]] = None  # Recorder.shapes: (seq, received, returned) with --shapes
     # compiled.Installed.runs: (enter seq, exit seq, hook ids) per run of a compiled-autograd graph
     compiled_backward: list[tuple[int, int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    # compiled.Forward.graphs: (seq at compile, hook ids Dynamo compiled into the graph, in order)
+    # None: not known (Dynamo was not patched)
+    compiled_graphs: Optional[list[tuple[int, tuple[int, ...]]]] = dataclasses.field(default_factory=list)
 
 
 def build_trace(pending: Pending) -> Trace:
@@ -104,6 +107,28 @@ def compiled_backward_runs(pending: Pending) -> list[tuple[int, tuple[int, ...]]
                 inside.append(hid)
         if inside:
             out.append((bisect.bisect_right(pending.step_starts, enter), tuple(inside)))
+    return out
+
+
+def compiled_graphs(pending: Pending) -> Optional[dict[Optional[str], list[tuple[int, ...]]]]:
+    """The hooks Dynamo compiled into each graph during the capture, in program order, by the path
+    of the compiled module call it was compiled in (None: in no such call, or outside the model);
+    None when not known (Dynamo not patched)."""
+    if pending.compiled_graphs is None:
+        return None
+    if not pending.compiled_graphs:
+        return {}
+    compiled = set(pending.compiled)
+    spans = [
+        (enter, leave, pending.paths.get(module_id))
+        for enter, leave, _phase, module_id, *_ in islice(pending.module_calls, pending.n_module_calls)
+        if enter in compiled
+    ]
+    out: dict[Optional[str], list[tuple[int, ...]]] = {}
+    for seq, ids in pending.compiled_graphs:
+        inside = [(enter, path) for enter, leave, path in spans if enter < seq < leave]
+        path = max(inside)[1] if inside else None  # the innermost compiled call
+        out.setdefault(path, []).append(ids)
     return out
 
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Optional
+import warnings
+from typing import Any, Callable, Optional
 
 from . import shims
 from .ledger import Ledger
@@ -137,3 +138,180 @@ def _signature_is(fn: Any, names: list[str]) -> bool:
         return list(inspect.signature(fn).parameters) == names
     except (TypeError, ValueError):
         return False
+
+
+# Compiled forward: the hooks Dynamo inlines into a graph, in program order.
+#
+# While Dynamo traces a frame, each Python function it inlines goes through the classmethod
+# `InliningInstructionTranslator.inline_call(parent, func, args, kwargs, ...)`. PyTorch's own
+# `_call_impl` (what Dynamo inlines for a module call: the views hand it the hook dicts themselves
+# while it compiles) calls each forward (pre-)hook, so a hook Dynamo compiles into the graph is one
+# inline_call whose function is the hook (or, for a `functools.partial` or a callable object, the
+# function it calls) and whose first argument is the module. An inline that raises (a graph break
+# inside the hook) takes its entry out again, and those of what it inlined. The hooks
+# inlined into one OutputGraph are kept on it and taken when `OutputGraph.call_user_compiler` hands
+# its FX graph to the backend (the compiled function is not touched: the same graph, the same code).
+
+# (seq when the graph was compiled, trace ids of the hooks Dynamo compiled into it, in order)
+Graph = tuple[int, tuple[int, ...]]
+_INLINED = "_hooktrace_inlined_hooks"
+_INLINE_PARAMS = ["parent", "func", "args", "kwargs", "allow_nested_graph_breaks"]
+_COMPILER_PARAMS = ["self", "gm", "example_inputs"]
+# the module dicts whose hooks `_call_impl` calls in forward, by kind
+_FORWARD_DICTS = (
+    ("_forward_pre_hooks", "forward_pre"),
+    ("_forward_hooks", "forward"),
+)
+_GLOBAL_DICTS = (
+    ("_global_forward_pre_hooks", "forward_pre"),
+    ("_global_forward_hooks", "forward"),
+)
+
+
+def _calls(hook: Any, fn: Any) -> bool:
+    """`hook` is `fn`, or a partial / callable object whose call Dynamo inlines as `fn`."""
+    if hook is fn:
+        return True
+    inner = getattr(hook, "func", None)  # functools.partial (nested partials are flattened)
+    if inner is not None and (inner is fn or getattr(inner, "__func__", None) is fn):
+        return True
+    if isinstance(hook, type):
+        return False
+    try:
+        return type(hook).__call__ is fn  # a callable object: Dynamo inlines its class's __call__
+    except AttributeError:
+        return False
+
+
+class Forward:
+    """The inline_call / call_user_compiler patches of one capture, recorded in its ledger; `graphs`
+    what they saw."""
+
+    def __init__(self, rec: shims.Recorder, trace_id: Callable[[dict, int], int], ledger: Ledger) -> None:
+        self.graphs: list[Graph] = []
+        self.note: Optional[str] = None
+        self._rec = rec
+        self._trace_id = trace_id
+        self._ledger = ledger
+        self.installed = False
+
+    def install(self) -> None:
+        """Patch Dynamo if it is imported and has what this reads; once per capture."""
+        if self.installed or "torch._dynamo" not in sys.modules:
+            return
+        self.installed = True
+        try:
+            from torch._dynamo import output_graph, symbolic_convert
+        except ImportError:
+            return
+        translator = getattr(symbolic_convert, "InliningInstructionTranslator", None)
+        graph_cls = getattr(output_graph, "OutputGraph", None)
+        inline = getattr(translator, "inline_call", None)
+        compiler = getattr(graph_cls, "call_user_compiler", None)
+        if (
+            translator is None
+            or graph_cls is None
+            or not isinstance(vars(translator).get("inline_call"), classmethod)
+            or not _signature_is(inline, _INLINE_PARAMS)
+            or not _signature_is(compiler, _COMPILER_PARAMS)
+        ):
+            self.note = (
+                "torch.compile: this torch's Dynamo has no InliningInstructionTranslator.inline_call / "
+                "OutputGraph.call_user_compiler as hooktrace reads them; the hooks Dynamo compiles into "
+                "a graph are not listed"
+            )
+            warnings.warn(self.note, RuntimeWarning, stacklevel=2)
+            return
+        original_inline = vars(translator)["inline_call"]
+        inline_fn = original_inline.__func__
+        original_compiler = vars(graph_cls)["call_user_compiler"]
+        graphs = self.graphs
+        counter = self._rec.seq
+        find = self._hook_ids
+
+        def inline_call(
+            cls: Any, parent: Any, func: Any, args: Any, kwargs: Any, *rest: Any, **more: Any
+        ) -> Any:
+            try:
+                fn = vars(func).get("fn")
+                found = find(parent, fn, args) if fn is not None and args else None
+            except Exception:  # noqa: BLE001 - reading Dynamo's trackers must never fail its compile
+                found = None
+            if not found:
+                return inline_fn(cls, parent, func, args, kwargs, *rest, **more)
+            # in program order (a hook that calls a module is listed before that module's hooks);
+            # taken out again, with whatever was inlined inside it, if the inline raises
+            output = parent.output
+            inlined = getattr(output, _INLINED, None)
+            if inlined is None:
+                inlined = []
+                setattr(output, _INLINED, inlined)
+            start = len(inlined)
+            inlined.extend(found)
+            try:
+                return inline_fn(cls, parent, func, args, kwargs, *rest, **more)
+            except BaseException:
+                del inlined[start:]
+                raise
+
+        def call_user_compiler(output: Any, gm: Any, example_inputs: Any) -> Any:
+            compiled = original_compiler(output, gm, example_inputs)
+            inlined = getattr(output, _INLINED, None)
+            if inlined:
+                graphs.append((next(counter), tuple(inlined)))
+                inlined.clear()
+            return compiled
+
+        call_user_compiler.__wrapped__ = original_compiler  # type: ignore[attr-defined]
+        self._ledger.set(translator, "inline_call", classmethod(inline_call))
+        self._ledger.set(graph_cls, "call_user_compiler", call_user_compiler)
+
+    def _hook_ids(self, parent: Any, fn: Any, args: Any) -> list[int]:
+        """Trace ids of the forward hook `fn` is, global or of the module among `args` (the first
+        argument; after a partial's own arguments or a callable object's `self`)."""
+        import torch.nn.modules.module as nn_module
+
+        module = next((m for m in (_module_of(parent, a) for a in args[:4]) if m is not None), None)
+        found = []
+        dicts_of: list[tuple[Any, str]] = [
+            (getattr(nn_module, name, None), kind) for name, kind in _GLOBAL_DICTS
+        ]
+        if module is not None:
+            dicts_of += [(getattr(module, name, None), kind) for name, kind in _FORWARD_DICTS]
+        for d, _kind in dicts_of:
+            if not isinstance(d, dict):
+                continue
+            for hid, hook in list(d.items()):
+                if _calls(hook, fn):
+                    found.append(self._trace_id(d, hid))
+                    return found  # one inline is one call of one hook
+        return found
+
+
+_MODULE_VARIABLES = frozenset(
+    {
+        "NNModuleVariable",
+        "UnspecializedNNModuleVariable",
+        "UnspecializedBuiltinNNModuleVariable",
+        "FSDPManagedNNModuleVariable",
+    }
+)
+
+
+def _module_of(parent: Any, var: Any) -> Any:
+    """The module a VariableTracker stands for (a specialized or unspecialized module), or None.
+    Only module variables are read: other trackers' attributes may ask Dynamo for constants."""
+    import torch
+
+    if type(var).__name__ not in _MODULE_VARIABLES:
+        return None
+    value = vars(var).get("value")
+    if isinstance(value, torch.nn.Module):
+        return value
+    key = getattr(var, "module_key", None)
+    if isinstance(key, str):
+        try:
+            return parent.output.get_submodule(key)
+        except (AttributeError, KeyError):
+            return None
+    return None

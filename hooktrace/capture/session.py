@@ -77,6 +77,7 @@ class Capture:
         self._walk_mark = 0
         self._module_call: Any = None
         self._compiled: Optional[compiled.Installed] = None
+        self._forward_compiled: Optional[compiled.Forward] = None
         self._lock = threading.Lock()  # registration callbacks on other threads vs. the end of the block
         self._active = False
         self._start_ns = 0
@@ -170,6 +171,9 @@ class Capture:
         ledger = self._ledger
         registry.Interceptor(self._on_register, self._on_handle, self._on_remove).install(ledger)
         self._walk_mark = ledger.mark()  # what follows is undone before the walk, the registrations after
+        # the hooks Dynamo compiles into graphs: patched now if Dynamo is imported, else at the
+        # first compiled module call (an eager capture never imports Dynamo)
+        self._forward_compiled = compiled.Forward(self._rec, self._book.trace_id, ledger)
         module_call = shims.make_module_call(
             self._rec,
             vars(torch.nn.Module)["__call__"],
@@ -178,6 +182,7 @@ class Capture:
             self._on_input,
             self._on_new_module,
             self._paths,
+            on_compiled=self._forward_compiled.install,
         )
         self._run_codes.add(module_call.__code__)
         self._module_call = module_call
@@ -187,6 +192,7 @@ class Capture:
         self._compiled = compiled.Installed(self._rec, ledger)
         if self._compiled.note is not None:
             warnings.warn(self._compiled.note, RuntimeWarning, stacklevel=3)
+        self._forward_compiled.install()
 
     def _finish(self) -> None:
         with gc_paused():
@@ -217,6 +223,9 @@ class Capture:
                 )
                 if self._compiled is not None:
                     self.pending.compiled_backward = self._compiled.runs
+                f = self._forward_compiled
+                if f is not None:
+                    self.pending.compiled_graphs = f.graphs if f.installed and f.note is None else None
             finally:
                 self._release()
 
@@ -472,6 +481,7 @@ class TraceSession:
                         compiled_calls=build.compiled_windows(pending),
                         replaced_nodes=pending.replaced_nodes,
                         compiled_backward=build.compiled_backward_runs(pending),
+                        compiled_graphs=build.compiled_graphs(pending),
                     )
             self._trace = trace
             self._capture.pending = None

@@ -347,6 +347,7 @@ def make_module_call(
     on_input: Callable[[Any, Any], None],
     on_new_module: Callable[[Any], None],
     paths: Optional[dict[int, str]] = None,
+    on_compiled: Callable[[], None] = lambda: None,
 ) -> Callable[..., Any]:
     """Replacement for `nn.Module.__call__` (PyTorch's `_wrapped_call_impl`): records `enter`/`exit`.
 
@@ -390,6 +391,7 @@ def make_module_call(
             key = rec.module_key(self)
             if id(self) not in module_ids:
                 compiled_calls.append(seq)
+                on_compiled()
             else:
                 on_new_module(self)
         for arg in args:  # plain tensors whose own hook dicts we may not know yet (hooks need grad)
@@ -406,6 +408,7 @@ def make_module_call(
         try:
             if compiled is not None:
                 compiled_calls.append(seq)
+                on_compiled()
                 result = run_compiled(self, compiled, args, kwargs)
             elif type(self)._call_impl is original_call_impl:
                 result = call_impl(self, *args, **kwargs)

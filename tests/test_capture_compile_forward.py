@@ -1,0 +1,188 @@
+"""torch.compile forward: the hooks Dynamo compiles into a graph are named, in the order the hooks'
+own record gives, and Dynamo compiles exactly what it compiles untraced.
+
+Each hook appends its label as it runs (inside a graph Dynamo replays that append, in program
+order). Traced and untraced runs are compared on Dynamo's counters (frames, graphs, graph breaks,
+calls captured, recompiles), the outputs and the record; the `compiled` surprise must list the
+hooks of the first compiled call in the record's order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import hooktrace
+
+dynamo = pytest.importorskip("torch._dynamo")
+from torch._dynamo.utils import counters  # noqa: E402
+
+
+def _hook(log: list[str], label: str, result: Callable[..., Any] = lambda *a: None) -> Callable[..., Any]:
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        log.append(label)
+        return result(*args)
+
+    hook.__name__ = hook.__qualname__ = label
+    return hook
+
+
+class _Labelled:
+    """A callable object as a hook."""
+
+    def __init__(self, log: list[str], label: str) -> None:
+        self.log, self.label = log, label
+
+    def __call__(self, module: nn.Module, args: Any, out: Any) -> None:
+        self.log.append(self.label)
+
+
+def _partial_pre(log: list[str], label: str, module: nn.Module, args: Any) -> None:
+    log.append(label)
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def _nested(log: list[str]) -> nn.Module:  # prepend, a callable object, a partial, nested modules
+    m = _model()
+    m.register_forward_pre_hook(_hook(log, "root_pre"))
+    m[0].register_forward_pre_hook(_hook(log, "pre0"))
+    m[0].register_forward_hook(_hook(log, "fwd0"))
+    m[0].register_forward_hook(_hook(log, "fwd0_first"), prepend=True)
+    m[2].register_forward_hook(_Labelled(log, "object2"))
+    m[2].register_forward_pre_hook(functools.partial(_partial_pre, log, "partial2"))
+    m.register_forward_hook(_hook(log, "root_fwd"))
+    return m
+
+
+def _changing(log: list[str]) -> nn.Module:  # hooks that change inputs and outputs, kwargs, always_call
+    m = _model()
+    m[0].register_forward_pre_hook(_hook(log, "scale_in", lambda mod, args: (args[0] * 2,)))
+    m[2].register_forward_hook(_hook(log, "shift_out", lambda mod, args, out: out + 1))
+    m[2].register_forward_hook(_hook(log, "kwargs", lambda mod, args, kwargs, out: None), with_kwargs=True)
+    m[2].register_forward_hook(_hook(log, "always"), always_call=True)
+    return m
+
+
+class _Counting(nn.Module):
+    """A hook that keeps Python state and calls another module."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.body = _model()
+        self.side = nn.Linear(2, 2)
+        self.calls = 0
+
+        def count(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+            log.append("count")
+            self.calls += 1
+            return self.side(out)
+
+        self.body.register_forward_hook(count)
+        self.side.register_forward_pre_hook(_hook(log, "side_pre"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _state(log: list[str]) -> nn.Module:
+    return _Counting(log)
+
+
+MODELS = {"nested": _nested, "changing": _changing, "state": _state}
+
+
+def _run(make: Callable[[list[str]], nn.Module], backend: str, traced: bool) -> dict[str, Any]:
+    dynamo.reset()
+    counters.clear()
+    log: list[str] = []
+    m = make(log)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    outs = []
+    firsts: list[int] = []
+    with hooktrace.trace(m) if traced else contextlib.nullcontext() as t:
+        c = torch.compile(m, backend=backend)
+        for _ in range(2):
+            outs.append(c(x))
+            firsts.append(len(log))
+    return {
+        "dynamo": (
+            dict(counters["frames"]),
+            dict(counters["stats"]),
+            sum(counters["graph_break"].values()),
+            dict(counters["recompiles"]),
+        ),
+        "outs": outs,
+        "log": log,
+        "first_call": log[: firsts[0]],
+        "trace": t.trace if traced else None,
+    }
+
+
+def _compare(model: str, backend: str) -> None:
+    plain = _run(MODELS[model], backend, traced=False)
+    traced = _run(MODELS[model], backend, traced=True)
+    assert traced["dynamo"] == plain["dynamo"]  # frames, graphs, breaks, captured calls, recompiles
+    assert traced["log"] == plain["log"]
+    for a, b in zip(plain["outs"], traced["outs"]):
+        assert torch.equal(a, b)
+    trace = traced["trace"]
+    [surprise] = [s for s in trace.surprises if s.rule == "compiled"]
+    order = surprise.message.split("which each compiled call runs: ")[1].split("; graph 2: ")[0]
+    named = [part.split("`")[1] for part in order.removeprefix("graph 1: ").split(" → ")]
+    names = {h.id: h.name for h in trace.hooks}
+    labels = [names[h.id] for h in trace.hooks]
+    assert [n if n in plain["first_call"] else _alias(n, labels) for n in named] == plain["first_call"]
+    assert not [s for s in trace.surprises if s.rule == "never-fired"]
+
+
+def _alias(name: str, labels: list[str]) -> str:
+    """The record's label of a hook hooktrace names by its function (a partial, a callable object)."""
+    return {
+        "partial(_partial_pre)": "partial2",
+        "_Labelled": "object2",
+        "_Counting.__init__.<locals>.count": "count",
+    }.get(name, name)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_compiled_forward_hooks_named_in_order_same_graphs(
+    model: str, backend: str, no_global_hooks: None
+) -> None:
+    _compare(model, backend)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_compiled_forward_inductor(no_global_hooks: None) -> None:
+    _compare("changing", "inductor")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_compiled_forward_global_hooks(no_global_hooks: None) -> None:
+    """A global forward hook under `torch.compile(m)` (it fires for the wrapper too, pytorch#149502)."""
+    log: list[str] = []
+
+    def make(log_: list[str]) -> nn.Module:
+        return _nested(log_)
+
+    handle = nn.modules.module.register_module_forward_pre_hook(_hook(log, "global_pre"))
+    try:
+        plain = _run(make, "eager", traced=False)
+        traced = _run(make, "eager", traced=True)
+    finally:
+        handle.remove()
+    assert traced["dynamo"] == plain["dynamo"]
+    assert traced["log"] == plain["log"]
+    assert log.count("global_pre") > 0
+    [surprise] = [s for s in traced["trace"].surprises if s.rule == "compiled"]
+    assert "`global_pre` (forward_pre on every module (global))" in surprise.message
