@@ -117,9 +117,11 @@ def _owners() -> list[Any]:
     if torch.distributed.is_available():
         owners.append(torch.distributed)
     if "torch._dynamo" in sys.modules:  # compiled autograd's end_capture (capture/compiled.py)
-        from torch._dynamo import compiled_autograd
+        from torch._dynamo import compiled_autograd, output_graph, symbolic_convert
 
         owners.append(compiled_autograd.AutogradCompilerInstance)
+        # the hooks Dynamo inlines into a forward graph (capture/compiled.py, Forward)
+        owners += [symbolic_convert.InliningInstructionTranslator, output_graph.OutputGraph]
     return owners
 
 
