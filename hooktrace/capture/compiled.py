@@ -31,6 +31,7 @@ import sys
 import warnings
 from typing import Any, Callable, Optional
 
+from .. import kinds
 from . import shims
 from .ledger import Ledger
 
@@ -158,14 +159,8 @@ _INLINED = "_hooktrace_inlined_hooks"
 _INLINE_PARAMS = ["parent", "func", "args", "kwargs", "allow_nested_graph_breaks"]
 _COMPILER_PARAMS = ["self", "gm", "example_inputs"]
 # the module dicts whose hooks `_call_impl` calls in forward, by kind
-_FORWARD_DICTS = (
-    ("_forward_pre_hooks", "forward_pre"),
-    ("_forward_hooks", "forward"),
-)
-_GLOBAL_DICTS = (
-    ("_global_forward_pre_hooks", "forward_pre"),
-    ("_global_forward_hooks", "forward"),
-)
+_FORWARD_DICTS = kinds.dicts_of(kinds.MODULE, (kinds.K.forward_pre, kinds.K.forward))
+_GLOBAL_DICTS = kinds.dicts_of(kinds.GLOBAL, (kinds.K.forward_pre, kinds.K.forward))
 
 
 def _calls(hook: Any, fn: Any) -> bool:
