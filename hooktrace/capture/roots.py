@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import weakref
 from operator import itemgetter
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
+
+from ..kinds import TENSOR, K
+from . import comm, dicts
 
 
 def outermost(calls: Iterable[tuple]) -> list[int]:
@@ -161,3 +164,29 @@ def module_list(model: Any) -> list[tuple[str, Any]]:
                 (dot + name, child) for name, child in reversed(children.items()) if child is not None
             )
     return found
+
+
+def record_held(
+    book: Any, rec: Any, paths: dict[int, str], model: Any, comm_hook: Callable[[Any, Any, Any], None]
+) -> None:
+    """Record every hook the model and the global dicts hold now, and make their shims (the
+    session's `comm_hook(ddp, hook, frame)` for a DDP's communication hooks)."""
+    modules: list[Any] = []
+    if isinstance(model, torch.nn.Module):
+        module_key = rec.module_key
+        for path, module in model_modules(model):
+            paths[module_key(module)] = path  # known now, so the module's first call does not add it
+            modules.append(module)
+    for ddp in comm.ddp_modules_in(modules):
+        for hook, _state in list(getattr(ddp, "_comm_hooks", ())):
+            comm_hook(ddp, hook, None)
+        builtin = comm.builtin_hook(ddp)
+        if builtin is not None:
+            book.untraceable(None, K.comm, ddp, f"{builtin} (built-in)")
+    for hd in dicts.hook_dicts_in(modules):  # the dicts that hold hooks
+        if hd.scope == TENSOR:
+            for hid in list(hd.d):
+                book.wrap_tensor_hook(hd.d, hid, hd.kind, hd.tensor)
+            book.infer_prepends(hd.d)
+        else:  # records and shims made now, not in the first step
+            book.prewarm(hd.d, hd.owner, hd.kind)

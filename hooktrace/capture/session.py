@@ -20,7 +20,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..io import gc_paused
-from ..kinds import INPUT_OF, NODE, TENSOR, K
+from ..kinds import INPUT_OF, NODE, K
 from ..schema import Meta, Surprise, Trace
 from . import (
     autograd,
@@ -106,7 +106,7 @@ class Capture:
             with gc_paused():
                 self._install()
                 if self._model is not None:
-                    self._record_held(self._model)
+                    roots.record_held(self._book, self._rec, self._paths, self._model, self.comm_hook)
         except BaseException:
             self._finish()
             raise
@@ -123,7 +123,7 @@ class Capture:
         self._model = model
         if self._active:
             with gc_paused():
-                self._record_held(model)
+                roots.record_held(self._book, self._rec, self._paths, model, self.comm_hook)
 
     def known_sites(self, found: dict[int, Site]) -> None:
         """Call sites of hooks registered before this capture (`hooktrace exec` watches registrations
@@ -362,29 +362,6 @@ class Capture:
                 self._paths[self._rec.key(m)] = p
             path = self._paths.get(key)
         return path
-
-    def _record_held(self, model: Any) -> None:
-        """Record every hook the model and the global dicts hold now, and make their shims."""
-        modules: list[Any] = []
-        if isinstance(model, torch.nn.Module):
-            paths, module_key = self._paths, self._rec.module_key
-            for path, module in roots.model_modules(model):
-                paths[module_key(module)] = path  # known now, so the module's first call does not add it
-                modules.append(module)
-        book = self._book
-        for ddp in comm.ddp_modules_in(modules):
-            for hook, _state in list(getattr(ddp, "_comm_hooks", ())):
-                self.comm_hook(ddp, hook, None)
-            builtin = comm.builtin_hook(ddp)
-            if builtin is not None:
-                book.untraceable(None, K.comm, ddp, f"{builtin} (built-in)")
-        for hd in dicts.hook_dicts_in(modules):  # the dicts that hold hooks
-            if hd.scope == TENSOR:
-                for hid in list(hd.d):
-                    book.wrap_tensor_hook(hd.d, hid, hd.kind, hd.tensor)
-                book.infer_prepends(hd.d)
-            else:  # records and shims made now, not in the first step
-                book.prewarm(hd.d, hd.owner, hd.kind)
 
     def _release(self) -> None:
         """The trace keeps no references to tensors, modules or hooks after the block."""
