@@ -22,6 +22,9 @@ import hooktrace
 dynamo = pytest.importorskip("torch._dynamo")
 from torch._dynamo.utils import counters  # noqa: E402
 
+# compiling imports a torch module that defines jit.script_method users, deprecated in torch 2.13
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
 
 def _hook(log: list[str], label: str, result: Callable[..., Any] = lambda *a: None) -> Callable[..., Any]:
     def hook(*args: Any, **kwargs: Any) -> Any:
