@@ -34,6 +34,8 @@ def _on(hook: Hook) -> str:
 
 
 def accumulating(trace: Trace) -> list[Surprise]:
+    if len({e.step for e in trace.events}) < 2:  # one step (or none): nothing can grow
+        return []
     hooks = {h.id: h for h in trace.hooks}
     fired: dict[_Code, dict[int, dict[int, int]]] = defaultdict(
         lambda: defaultdict(dict)

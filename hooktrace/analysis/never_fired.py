@@ -113,14 +113,17 @@ def never_fired(
     not one by one; by default those the trace's own `compiled` surprises name (a loaded trace).
     `replaced`: node hooks whose AccumulateGrad node their parameter's move replaced (the capture saw
     it: the trace alone does not show it)."""
-    facts = _Facts.of(trace)
-    facts.replaced = set(replaced)
     if in_graph is None:
         in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
+    # the hooks that fired first (one pass): the rest of the facts only when some hook did not
+    fired = {e.hook for e in trace.events if e.type == HOOK}
+    silent = [h for h in trace.hooks if h.id not in fired and h.id not in in_graph and h.id not in exclude]
+    if not silent:
+        return []
+    facts = _Facts.of(trace)
+    facts.replaced = set(replaced)
     groups: dict[tuple[str, str], list[Hook]] = defaultdict(list)
-    for hook in trace.hooks:
-        if hook.id in facts.fired or hook.id in in_graph or hook.id in exclude:
-            continue
+    for hook in silent:
         found = _reason(facts, hook)
         if found is None:
             continue
