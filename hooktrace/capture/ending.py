@@ -30,6 +30,8 @@ class Final:
     # trace ids of hooks taken out of a dict that is still alive without their handle's remove()
     # (remove_spectral_norm and weight-norm removal delete their state-dict hooks from the dicts)
     deleted: set[int] = dataclasses.field(default_factory=set)
+    # ids of dicts that hold every hook the capture saw in them, as their last view saw them
+    unchanged: set[int] = dataclasses.field(default_factory=set)
 
 
 def modules_of(rec: shims.Recorder, model: Any) -> tuple[list[tuple[str, Any]], list[Any]]:
@@ -61,7 +63,7 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
             if scope in dicts.IN_PLACE_SCOPES:
                 book.unwrap(d)
             book.infer_prepends(d)
-    final.deleted = book.deleted()
+    final.deleted = book.deleted(final.unchanged)
     # names of the parameters some hook was on (hook_place): only those are looked for
     tensors = (r.tensor_ref() for r in book.records.values() if r.tensor_ref is not None)
     wanted = {id(t) for t in tensors if t is not None}
@@ -89,9 +91,10 @@ def _settle(
         book.unwrap(d)
     elif scope == MODULE:
         known = book.unchanged_ids(d, owner)
-        if known is not None:  # as its last view saw it: every hook has its record
+        if known is not None:  # as its last view saw it: every hook has its record, its prepend inferred
             final.order.extend(known)
-            book.infer_prepends(d)
+            if len(known) == book.counts.get(id(d)):  # and no other hook was seen in it
+                final.unchanged.add(id(d))
             return
     for hid, fn in [*d.items()]:  # one read: other threads may still register or remove
         record = book.record(d, hid, fn, kind, owner, scope)
@@ -115,15 +118,16 @@ def snapshot(
     paths = {**paths, **final.paths}
     paths.update(roots.outside_paths(rec, paths))  # modules called inside the model, not part of it
     records = build.ordered(book.records, final.order)
-    alive = book.live_dict_ids()
+    alive: Optional[set[int]] = None  # read when a node hook asks
     replaced: set[int] = set()
     for r in records:
         tensor = r.tensor_ref() if r.tensor_ref is not None else None
         # PyTorch drops a parameter's AccumulateGrad node when the parameter moves to another dtype or
         # device (`Variable.set_data`) while the node lives: a node still alive (its hook dict is)
         # whose parameter moved is no longer the one backward runs
-        if r.node_of is not None and tensor is not None and r.id in alive:
-            now = dtype_and_device(tensor)
+        if r.node_of is not None and tensor is not None:
+            alive = book.live_dict_ids() if alive is None else alive
+            now = dtype_and_device(tensor) if r.id in alive else None
             if now is not None and now != r.node_of:
                 replaced.add(r.id)
         r.module, r.tensor = hook_place(r.scope, r.owner, tensor, r.tensor_desc, paths, final.params)
@@ -148,3 +152,27 @@ def snapshot(
         replaced_nodes=replaced,
         shapes=rec.shapes,
     )
+
+
+def end_module_call(wrapper: Any) -> None:
+    """The capture is over: a copy of `wrapper` kept somewhere (a class's own `__call__`) is PyTorch's.
+
+    Its closure lets go of the capture's callbacks (the session's methods) and of `run_compiled`,
+    which refers back to it: without that cycle the session, and the trace it holds, are freed
+    when the caller lets go of them, not at a later full GC pass. A call still inside the wrapper
+    on another thread finds callables that do nothing (and a compiled call run plainly)."""
+    wrapper.hooktrace_live.clear()
+    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
+    for name, inert in (("on_input", _inert), ("on_new_module", _inert), ("run_compiled", _run_plain)):
+        cell = cells.get(name)
+        if cell is not None:
+            cell.cell_contents = inert
+    wrapper.__dict__.pop("run_compiled", None)
+
+
+def _inert(*_args: Any) -> None:
+    return None
+
+
+def _run_plain(_module: Any, compiled: Any, args: tuple, kwargs: dict) -> Any:
+    return compiled(*args, **kwargs)

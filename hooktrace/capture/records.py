@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 from .. import ids
 from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
@@ -68,11 +68,13 @@ class HookBook:
         self.sites: dict[int, Site] = {}  # handle id -> where it was registered
         self._ids: dict[tuple[int, int], int] = {}  # (id(dict), handle id) -> trace id
         self._first_dict: dict[int, int] = {}  # handle id -> id of the first dict holding it
+        self.counts: dict[int, int] = {}  # id(dict) -> how many of `_ids`' keys are of that dict
         self._copies = itertools.count(1)
         # views by (id(dict), id(owner)): a dict two modules share (`copy.copy(module)`) gets shims
         # of each, which record the module they belong to
         self._views: dict[tuple[int, int], dict[int, tuple[Any, Any]]] = {}  # -> hook id -> (hook, shim)
-        self._last_views: dict[tuple[int, int], tuple[list, dict]] = {}  # -> ([*keys, *ids of hooks], view)
+        # -> ([*keys, *ids of hooks], view, the hooks' trace ids in order)
+        self._last_views: dict[tuple[int, int], tuple[list, dict, Optional[list[int]]]] = {}
         self.seen_dicts: dict[int, tuple[Any, Any, str]] = {}  # id(dict) -> (ref, owner's Who, scope)
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
         self._synthetic = ids.synthetic_ids()
@@ -89,6 +91,7 @@ class HookBook:
         if tid is None:
             first = self._first_dict.setdefault(hid, id(d))
             tid = self._ids[key] = hid if first == id(d) else ids.copy_id(next(self._copies), hid)
+            self.counts[id(d)] = self.counts.get(id(d), 0) + 1
         return tid
 
     def record(self, d: dict, hid: int, fn: Any, kind: str, owner: Any, scope: str) -> Record:
@@ -170,15 +173,12 @@ class HookBook:
 
     def unchanged_ids(self, d: dict, owner: Any) -> Optional[list[int]]:
         """The trace ids of `d`'s hooks, in order, when `d` holds what its last view was made from
-        (the same keys and hook objects: each has its record); else None."""
+        (the same keys and hook objects: each has its record, and its prepend was inferred from this
+        order when the view was made); else None."""
         last = self._last_views.get((id(d), id(owner)))
-        if last is None or last[0] != _state(d):
+        if last is None or last[2] is None or last[0] != _state(d):
             return None
-        known, key = self._ids, id(d)
-        try:
-            return [known[(key, hid)] for hid in last[1]]
-        except KeyError:
-            return None
+        return last[2]
 
     def prewarm(self, d: dict, owner: Any, kind: str) -> None:
         """Make the view of a dict the capture starts with, so its first read inside the block is a hit.
@@ -194,7 +194,6 @@ class HookBook:
         if cache is None:
             cache = self._views[(id(d), id(owner))] = {}
         out = {}
-        fresh = False
         # one read (a C-level copy, which no other thread interrupts): the loop runs Python code, during
         # which another thread may register or remove hooks
         for hid, fn in [*d.items()]:
@@ -203,12 +202,71 @@ class HookBook:
                 kind = kind_of()
                 record = self.record(d, hid, fn, kind, owner, dicts.scope_of(owner))
                 entry = cache[hid] = (fn, self._shim(record, fn, owner))
-                fresh = True
             out[hid] = entry[1]
-        if fresh:
-            self.infer_prepends(d)
-        self._last_views[(id(d), id(owner))] = (state, out)
+        self.infer_prepends(d)  # also when no record is new: the same hooks may stand in another order
+        known, key = self._ids, id(d)
+        try:
+            tids: Optional[list[int]] = [known[(key, hid)] for hid in out]
+        except KeyError:  # the block ended on another thread meanwhile (the book was cleared)
+            tids = None
+        self._last_views[(id(d), id(owner))] = (state, out, tids)
         return out
+
+    # -- what the process keeps between sessions (capture/kept.py) ---------------------
+    def has_view(self, d: dict, owner: Any) -> bool:
+        return (id(d), id(owner)) in self._last_views
+
+    state_of = staticmethod(_state)
+
+    def fresh_ids(self, hids: list[int]) -> bool:
+        """No dict seen so far holds these hook ids, no registration site is known for them and none
+        has a record yet: their trace ids are their handle ids, and records come from templates."""
+        return (
+            self._first_dict.keys().isdisjoint(hids)
+            and self.sites.keys().isdisjoint(hids)
+            and self.records.keys().isdisjoint(hids)
+        )
+
+    def templates(self, d: dict, hids: list[int]) -> Optional[list[dict]]:
+        """The records of `d`'s hooks as they stand (no live object in them), or None when one of
+        them has a registration site or a copy's id, or was removed meanwhile."""
+        out = []
+        for hid in hids:
+            record = self.records.get(self._ids.get((id(d), hid), -1))
+            if record is None or record.id != hid or hid in self.sites or record.removed:
+                return None
+            out.append({**record.__dict__, "owner": None})
+        return out
+
+    @staticmethod
+    def naming(template: dict, fn: Any) -> dict:
+        return {**template, "name": sites.hook_name(fn), "defined_at": sites.defined_at(fn)}
+
+    def adopt_view(
+        self, d: dict, owner: Any, state: list, view: dict, hids: list[int], records: Optional[list[dict]]
+    ) -> None:
+        """The view of `d` is `view` (hook id -> shim, in the dict's order; `hids`, its keys, are the
+        hooks' trace ids); `records`: the hooks' records as templates (None: the book made them). A
+        view made again in the session (the dict changed) makes shims of its own for every hook."""
+        key = (id(d), id(owner))
+        self._views.pop(key, None)
+        self._last_views[key] = (state, view, hids)
+        if records is None:
+            return
+        who = self.rec.who(owner)
+        self._path_of(owner)
+        dkey = id(d)
+        new, by_id, ids, first = _new, self.records, self._ids, self._first_dict
+        for hid, template in zip(hids, records):
+            record = by_id[hid] = new(Record)
+            fields = record.__dict__
+            fields.update(template)
+            fields["owner"] = who
+            ids[(dkey, hid)] = hid
+            first[hid] = dkey
+        self.counts[dkey] = self.counts.get(dkey, 0) + len(hids)
+        if dkey not in self.seen_dicts:
+            self.seen_dicts[dkey] = (_ref(d), who, MODULE)
 
     # -- tensor and autograd-node hooks: shims in place ---------------------------------
     def wrap_tensor_hook(
@@ -313,11 +371,14 @@ class HookBook:
                 out.add(tid)
         return out
 
-    def deleted(self) -> set[int]:
+    def deleted(self, unchanged: Collection[int] = ()) -> set[int]:
         """Trace ids of hooks no longer in their dict, which is still alive, and never removed through
-        their handle: code deleted them from the dict itself."""
+        their handle: code deleted them from the dict itself. `unchanged`: ids of dicts seen holding
+        every hook the capture saw in them (not read again)."""
         out = set()
         for (dict_id, hid), tid in [*self._ids.items()]:  # one C-level copy: other threads register
+            if dict_id in unchanged:
+                continue
             entry = self.seen_dicts.get(dict_id)
             d = entry[0]() if entry is not None else None
             record = self.records.get(tid)
@@ -335,6 +396,7 @@ class HookBook:
         self.sites.clear()
         self._ids.clear()
         self._first_dict.clear()
+        self.counts.clear()
         self._views.clear()
         self._last_views.clear()
         self.seen_dicts.clear()

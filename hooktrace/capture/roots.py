@@ -9,6 +9,7 @@ label: its class name, `Name#2` for the second root of the same class.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from operator import itemgetter
 from typing import Any, Callable, Iterable
@@ -167,10 +168,17 @@ def module_list(model: Any) -> list[tuple[str, Any]]:
 
 
 def record_held(
-    book: Any, rec: Any, paths: dict[int, str], model: Any, comm_hook: Callable[[Any, Any, Any], None]
+    book: Any,
+    rec: Any,
+    paths: dict[int, str],
+    model: Any,
+    comm_hook: Callable[[Any, Any, Any], None],
+    kept: Any = None,
 ) -> None:
     """Record every hook the model and the global dicts hold now, and make their shims (the
-    session's `comm_hook(ddp, hook, frame)` for a DDP's communication hooks)."""
+    session's `comm_hook(ddp, hook, frame)` for a DDP's communication hooks; `kept`: what the
+    process kept from earlier sessions, capture/kept.py)."""
+    prewarm = book.prewarm if kept is None else functools.partial(kept.prewarm, book)
     modules: list[Any] = []
     if isinstance(model, torch.nn.Module):
         module_key = rec.module_key
@@ -189,4 +197,4 @@ def record_held(
                 book.wrap_tensor_hook(hd.d, hid, hd.kind, hd.tensor)
             book.infer_prepends(hd.d)
         else:  # records and shims made now, not in the first step
-            book.prewarm(hd.d, hd.owner, hd.kind)
+            prewarm(hd.d, hd.owner, hd.kind)

@@ -30,6 +30,7 @@ from . import (
     dicts,
     dynamo,
     ending,
+    kept,
     optim,
     registry,
     roots,
@@ -70,6 +71,7 @@ class Capture:
         self._rec = shims.Recorder(shapes)
         self._paths: dict[int, str] = {}
         self._book = HookBook(self._rec, self._path_of)
+        self._kept = kept.Kept(self._rec)
         self._run_codes: set[Any] = set()
         self._namer = TensorNamer(self._run_codes, self._book.kind_and_owner, self._rec.who)
         # every patch of the block: registration patches first, then (from `_walk_mark`) the rest
@@ -98,6 +100,7 @@ class Capture:
                 "mark_step() was called before the `with hooktrace.trace(...)` block; call it inside"
             )
         self._ledger.set(CURRENT, "session", self)
+        self._kept.bind(self._ledger)  # restored with the registration patches, after the final walk
         self._active = True
         self._meta.clock_unix_ns = time.time_ns()
         self._start_ns = self._meta.clock_perf_ns = time.perf_counter_ns()
@@ -106,7 +109,9 @@ class Capture:
             with gc_paused():
                 self._install()
                 if self._model is not None:
-                    roots.record_held(self._book, self._rec, self._paths, self._model, self.comm_hook)
+                    roots.record_held(
+                        self._book, self._rec, self._paths, self._model, self.comm_hook, self._kept
+                    )
         except BaseException:
             self._finish()
             raise
@@ -123,7 +128,7 @@ class Capture:
         self._model = model
         if self._active:
             with gc_paused():
-                roots.record_held(self._book, self._rec, self._paths, model, self.comm_hook)
+                roots.record_held(self._book, self._rec, self._paths, model, self.comm_hook, self._kept)
 
     def known_sites(self, found: dict[int, Site]) -> None:
         """Call sites of hooks registered before this capture (`hooktrace exec` watches registrations
@@ -204,7 +209,7 @@ class Capture:
                 # compiled autograd's, autograd's functions, the optimizers', nn.Module's
                 self._ledger.restore(to=self._walk_mark)
                 if self._module_call is not None:
-                    shims.end_module_call(self._module_call)
+                    ending.end_module_call(self._module_call)
                 # the walk puts tensor hooks back: removals on other threads are still seen meanwhile
                 named, self._roots = ending.modules_of(self._rec, self._model)
                 final = ending.walk(self._book, self._rec, self._model, named)
@@ -370,6 +375,7 @@ class Capture:
         self._paths.clear()
         self._rec.modules.clear()  # ids are resolved: a wrapper some class kept holds no module
         self._rec = shims.Recorder(self.shapes)  # the old one's record lists now belong to the pending trace
+        self._kept = kept.Kept(self._rec)
         self._module_call = None
         # a book that does not hold this session: no cycle is left, so the trace and everything it
         # holds are freed when the caller lets go of the session (not at a later full GC pass)

@@ -177,6 +177,22 @@ _GENERIC_CODE = _variants(
 _MISSING = describe.NOT_GIVEN
 
 
+def constants() -> dict[str, Any]:
+    """The names every shim reads that are the same for every capture."""
+    return {
+        "clock": time.perf_counter_ns,
+        "ident": threading.get_ident,
+        "error_text": error_text,
+        "_N": _MISSING,
+        "profiler": torch.autograd.profiler,
+        "ranged": ranged,
+        "describe_call": describe.call,
+        "describe_positional": describe.positional,
+        "describe_returned": describe.returned,
+        "compiling": _is_compiling,
+    }
+
+
 class Recorder:
     """Shared state of one capture that shims write into. Appends are atomic under the GIL."""
 
@@ -212,23 +228,7 @@ class Recorder:
         # Records of the thread that started the capture share this one int object (an ident is a
         # fresh 32-byte int per call); other threads' idents are stored as they come.
         self.main_thread = threading.get_ident()
-        shared = {
-            "counter": self.seq,
-            "clock": time.perf_counter_ns,
-            "ident": threading.get_ident,
-            "main": self.main_thread,
-            "append": self.hooks.append,
-            "module_ids": self.module_ids,
-            "error_text": error_text,
-            "_N": _MISSING,
-            "profiler": torch.autograd.profiler,
-            "ranged": ranged,
-            "note": self.shapes.append if self.shapes is not None else None,
-            "describe_call": describe.call,
-            "describe_positional": describe.positional,
-            "describe_returned": describe.returned,
-            "compiling": _is_compiling,
-        }
+        shared = {**constants(), **self.bindings()}
         self._factories: dict[Optional[int], Callable[..., Any]] = {}  # by arity; None: generic
         for arity, codes in (*_POSITIONAL_CODES.items(), (None, _GENERIC_CODE)):
             code = codes[shapes]
@@ -237,6 +237,16 @@ class Recorder:
             # taken out, so that the namespace (its globals) and it make no cycle: the records
             # (`append`) are freed with the trace, not at a later GC pass
             self._factories[arity] = namespace.pop("factory")
+
+    def bindings(self) -> dict[str, Any]:
+        """The names a shim reads that are this capture's: where its records go."""
+        return {
+            "counter": self.seq,
+            "main": self.main_thread,
+            "append": self.hooks.append,
+            "module_ids": self.module_ids,
+            "note": self.shapes.append if self.shapes is not None else None,
+        }
 
     def key(self, obj: Any) -> int:
         """The int that records name `obj` by, without keeping it alive: its id, or, when an object
@@ -474,27 +484,3 @@ def _fn_cell(compiled: Any) -> Any:
     if code is None or "fn" not in code.co_freevars or compiled.__closure__ is None:
         return None
     return compiled.__closure__[code.co_freevars.index("fn")]
-
-
-def end_module_call(wrapper: Any) -> None:
-    """The capture is over: a copy of `wrapper` kept somewhere (a class's own `__call__`) is PyTorch's.
-
-    Its closure lets go of the capture's callbacks (the session's methods) and of `run_compiled`,
-    which refers back to it: without that cycle the session, and the trace it holds, are freed
-    when the caller lets go of them, not at a later full GC pass. A call still inside the wrapper
-    on another thread finds callables that do nothing (and a compiled call run plainly)."""
-    wrapper.hooktrace_live.clear()
-    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
-    for name, inert in (("on_input", _inert), ("on_new_module", _inert), ("run_compiled", _run_plain)):
-        cell = cells.get(name)
-        if cell is not None:
-            cell.cell_contents = inert
-    wrapper.__dict__.pop("run_compiled", None)
-
-
-def _inert(*_args: Any) -> None:
-    return None
-
-
-def _run_plain(_module: Any, compiled: Any, args: tuple, kwargs: dict) -> Any:
-    return compiled(*args, **kwargs)
