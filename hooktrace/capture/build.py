@@ -162,7 +162,12 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
     described = {seq: shapes_text(got, gave) for seq, got, gave in pending.shapes or ()}
     shapes_of = described.get if described else _none
     for seq, hid, tid, t0, t1, outcome, module_id in islice(pending.hook_calls, pending.n_hook_calls):
-        kind, phase, tensor_module = info[hid]
+        known = info.get(hid)
+        if (
+            known is None
+        ):  # a shim kept past its own capture (capture/kept.py), of a hook not seen in this one
+            continue
+        kind, phase, tensor_module = known
         path = paths.get(module_id) if module_id is not None else tensor_module
         error = outcome if outcome.__class__ is str else None
         append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Optional
@@ -32,6 +33,7 @@ _RECORD_DEFAULTS = {
     f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(Record)
 }
 _new = object.__new__
+_FUNCTION = types.FunctionType
 _OPTIMIZER_KINDS = frozenset(kind for _, kind in dicts.OPTIMIZER_DICTS)
 
 
@@ -79,6 +81,7 @@ class HookBook:
         self.tensor_shims: dict[int, tuple[Any, Any, int]] = {}  # id(shim) -> (ref to shim, ref to dict, id)
         self._synthetic = ids.synthetic_ids()
         self._named: dict[int, tuple[Any, str, Optional[str]]] = {}  # id(hook) -> (hook, name, defined_at)
+        self._places: dict[Any, Optional[str]] = {}  # code object -> defined_at of a plain function's
         # (module's key, id(forward)) -> (forward, shim)
         self._wrappers: dict[tuple[int, int], tuple[Any, Any]] = {}
         # id(saved_tensors_hooks object) -> (weakref or object, pack shim, unpack shim)
@@ -108,7 +111,14 @@ class HookBook:
         if kind == K.forward_wrapper:
             name, defined_at = sites.forward_wrapper_name(fn), sites.forward_wrapper_defined_at(fn)
         elif scope not in (MODULE, GLOBAL):  # not kept here: a tensor's hook may die with it
-            name, defined_at = sites.hook_name(fn), sites.defined_at(fn)
+            code = fn.__code__ if type(fn) is _FUNCTION and fn.__closure__ is None else None
+            if code is not None and "__wrapped__" not in fn.__dict__:  # named by its code alone
+                place = self._places.get(code)
+                if place is None:
+                    place = self._places[code] = sites.defined_at(fn)
+                name, defined_at = fn.__qualname__, place
+            else:
+                name, defined_at = sites.hook_name(fn), sites.defined_at(fn)
         else:  # one function registered on many modules is named once per capture (their dicts hold it)
             named = self._named.get(id(fn))
             if named is None or named[0] is not fn:
@@ -393,6 +403,7 @@ class HookBook:
     def clear(self) -> None:
         self.records.clear()
         self._named.clear()
+        self._places.clear()
         self.sites.clear()
         self._ids.clear()
         self._first_dict.clear()
