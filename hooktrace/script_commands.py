@@ -168,6 +168,7 @@ def run_exec(
     (1 more when the trace differs from `golden`, the `--check`)."""
     from .ranks.result import rank_trace_path
     from .runs.script import ScriptResult, run_script
+    from .runs.uncaught import report_uncaught
 
     def on_trace(result: ScriptResult) -> None:
         trace, rank = result.trace, result.trace.meta.rank
@@ -188,13 +189,14 @@ def run_exec(
             _notes(result.notes, golden, quiet)
 
     result = run_script(target, options, on_trace)
+    if result.forked:  # a child the script forked (a DataLoader worker, ...): it ends as untraced
+        return _as_python(result)
     shown = result.trace.meta.rank in (None, 0)
     code = result.exit_code
     if result.exit_message is not None:
         _stderr(result.exit_message)
     if result.exception is not None:
-        if result.script_traceback:
-            sys.stderr.write(result.script_traceback)
+        report_uncaught(result.exception)  # the script's sys.excepthook, as python calls it
         _stderr(f"run failed: {result.error}")
     if shown and _differs(golden, result.trace, target.label, quiet):
         code = max(code, EXIT_DIFFERENT)
@@ -203,6 +205,17 @@ def run_exec(
             _stderr(f"stopped by {result.stopped_by.name}: the trace above is partial")
         code = 128 + result.stopped_by.value
     return code
+
+
+def _as_python(result: Any) -> int:
+    """How a process ends as python would end it, and nothing of hooktrace's: its exit code."""
+    from .runs.uncaught import report_uncaught
+
+    if result.exit_message is not None:
+        print(result.exit_message, file=sys.stderr)
+    if result.exception is not None:
+        report_uncaught(result.exception)
+    return int(result.exit_code)
 
 
 def _by_rank(traces: list[tuple[Path, Trace]]) -> dict[int, tuple[Path, Trace]]:

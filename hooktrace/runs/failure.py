@@ -191,7 +191,9 @@ def _caller(frames: traceback.StackSummary) -> Optional[str]:
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
     )
     for f in reversed(frames):
-        if f.filename.startswith("<hooktrace") or os.path.abspath(f.filename).startswith(skip):
+        if f.filename.startswith(("<hooktrace", "<frozen runpy")) or os.path.abspath(f.filename).startswith(
+            skip
+        ):
             continue
         line = (f.line or "").strip()
         code = f" `{line if len(line) <= 60 else line[:59] + '…'}`" if line else ""

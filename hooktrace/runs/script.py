@@ -15,7 +15,6 @@ import os
 import runpy
 import signal
 import sys
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -25,6 +24,7 @@ from ..schema import Trace
 from .driver import open_capture
 from .failure import describe_error, failing_event, script_frame
 from .stop import Stopped, install, restore
+from .uncaught import script_traceback
 
 _STEP_WORDS = {STEP_OPTIMIZER: "optimizer.step()", STEP_BACKWARD: "outermost backward()",
                STEP_FORWARD: "outermost module call"}  # fmt: skip
@@ -111,6 +111,7 @@ class ScriptResult:
     stopped_after: Optional[int] = None
     stopped_by: Optional[signal.Signals] = None
     exit_message: Optional[str] = None  # `sys.exit("text")`: Python prints it to stderr
+    forked: bool = False  # this is a process the script forked: it traced nothing and shows nothing
 
 
 def _rank_meta() -> tuple[Optional[int], Optional[int]]:
@@ -146,6 +147,7 @@ class _Window:
         self.registrations = Registrations()
         self.held: list[Any] = []  # the roots of the window's calls, alive until it closes
         self.watch = StepWatch(options.step_on, self.step_ended)
+        self.forked = False  # set in a child the script forked (`_after_fork_in_child`)
 
     def install(self) -> None:
         self.registrations.install()
@@ -158,6 +160,8 @@ class _Window:
         self.registrations.restore()
 
     def step_ended(self) -> None:
+        if self.forked:  # a forked child (a DataLoader worker, ...) counts, stops and writes nothing
+            return
         self.ended += 1
         if self.state == "open":  # their names must outlive a script that ends inside the window
             self.held = self.session.live_roots()
@@ -190,6 +194,10 @@ class _Window:
     def close(self, ended_by: Optional[str] = None) -> ScriptResult:
         """End the capture and hand the trace over (once)."""
         if self.result is not None:
+            return self.result
+        if self.forked:  # the parent owns the window, its trace and its output
+            self.state = "closed"
+            self.result = ScriptResult(trace=Trace(), forked=True)
             return self.result
         if self.state == "open":
             self.session.__exit__(None, None, None)
@@ -270,15 +278,6 @@ def _exit_code(exc: SystemExit) -> tuple[int, Optional[str]]:
     return 1, str(code)
 
 
-def _script_traceback(exc: BaseException) -> str:
-    """The traceback as `python SCRIPT.py` would print it: from the script's own frames on."""
-    tb = exc.__traceback__
-    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, runpy.__file__)
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
 class _SysState:
     """`sys.argv` and `sys.path[0]` as Python sets them for the script; put back afterwards."""
 
@@ -314,10 +313,16 @@ class _Sigterm:
 
     def __init__(self) -> None:
         self._saved: dict[int, Any] = {}
+        self.forked = False
 
     def __enter__(self) -> _Sigterm:
         self._saved = install((signal.SIGTERM,), self._handler, only_default=True)
         return self
+
+    def release(self) -> None:
+        """Put SIGTERM's handler back now (a forked child is not stopped as the traced script)."""
+        restore(self._saved, only_if=self._handler)
+        self._saved = {}
 
     @staticmethod
     def _handler(signum: int, frame: Any) -> None:
@@ -325,6 +330,27 @@ class _Sigterm:
 
     def __exit__(self, *exc: Any) -> None:
         restore(self._saved, only_if=self._handler)
+
+
+# The window and the SIGTERM handler of the script this process runs, for `_after_fork_in_child`.
+_RUNNING: list[Any] = []
+_FORK_HANDLER: list[bool] = []
+
+
+def _after_fork_in_child() -> None:
+    """In a child the script forked (`os.fork`, multiprocessing's fork, a DataLoader worker): it is
+    not the traced process. Its window counts no step, stops nothing and writes nothing; SIGTERM is
+    handled as the script left it (multiprocessing's `terminate()` ends a worker as untraced)."""
+    for running in _RUNNING:
+        running.forked = True
+        if isinstance(running, _Sigterm):
+            running.release()
+
+
+def _watch_forks() -> None:
+    if not _FORK_HANDLER and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _FORK_HANDLER.append(True)
 
 
 def run_script(
@@ -345,13 +371,16 @@ def run_script(
     exit_code, exit_message, stopped_by = 0, None, None
     stopped_after: Optional[int] = None
     ended_by = "ended"
-    with _SysState(script), _Sigterm():
+    _watch_forks()
+    with _SysState(script), _Sigterm() as sigterm:
+        _RUNNING[:] = [window, sigterm]
         try:
             window.install()
             if script.module is not None:
                 runpy.run_module(script.module, run_name="__main__", alter_sys=True)
             else:
-                runpy.run_path(str(script.path), run_name="__main__")
+                # python gives `__main__` its absolute path (`__file__`, the traceback's frames)
+                runpy.run_path(os.path.abspath(str(script.path)), run_name="__main__")
         except ScriptStopped as exc:
             stopped_after, ended_by = exc.step, "was stopped"
         except SystemExit as exc:
@@ -368,6 +397,7 @@ def run_script(
             try:
                 result = window.close(ended_by=None if window.state == "closed" else ended_by)
             finally:
+                _RUNNING.clear()
                 window.restore()
     if window.output_error is not None:
         raise window.output_error
@@ -377,7 +407,7 @@ def run_script(
     result.stopped_by = stopped_by
     if exception is not None:
         result.exception = exception
-        result.script_traceback = _script_traceback(exception)
+        result.script_traceback = script_traceback(exception)
         if failing_event(result.trace, exception) is not None:
             result.error = describe_error(result.trace, exception)
         else:

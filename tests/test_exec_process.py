@@ -1,0 +1,195 @@
+"""`hooktrace exec SCRIPT` as a process, against `python SCRIPT`: the same standard output, exit code
+and exception, whatever the script does to its process (forks, changes folder, swaps or closes its
+standard streams, sets its own `sys.excepthook`, empties `sys.argv`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import hooktrace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def _python(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _script(tmp_path: Path, text: str, name: str = "script.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def both(
+    tmp_path: Path, text: str, *exec_args: str, name: str = "script.py"
+) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """(`python SCRIPT`, `hooktrace exec EXEC_ARGS SCRIPT`), both run in `tmp_path`."""
+    _script(tmp_path, text, name)
+    plain = _python(tmp_path, name)
+    traced = _python(tmp_path, "-m", "hooktrace", "exec", *exec_args, name)
+    return plain, traced
+
+
+def _fired(path: Path) -> list[str]:
+    """The names of the hooks whose calls a trace file holds."""
+    trace = hooktrace.load(path)
+    return [trace.hook(e.hook).name for e in trace.events if e.hook is not None]
+
+
+# -- fork -------------------------------------------------------------------------------------------
+
+_DATALOADER = """
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    record = []
+
+    class Made(Dataset):  # its module runs in the workers: forward hooks fire in the children
+        def __init__(self):
+            self.lin = torch.nn.Linear(2, 2)
+            self.lin.register_forward_hook(lambda m, i, o: None)
+        def __len__(self):
+            return 8
+        def __getitem__(self, i):
+            with torch.no_grad():
+                return self.lin(torch.full((2,), float(i)))
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    def parent_hook(m, i, o):
+        record.append("parent_hook")
+    model.register_forward_hook(parent_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Made(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    steps = 0
+    for epoch in range(2):
+        for x in loader:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+    print("steps", steps, "hooks", len(record), "weight", round(float(model.weight.sum()), 4))
+"""
+
+
+@pytest.mark.parametrize("window", [("--step-on", "forward", "--start", "1"), ("--start", "2")])
+def test_dataloader_fork_workers_run_as_untraced(tmp_path, window):
+    """DataLoader workers are forked children: they inherit the open window and the step watch, but
+    count no step, are never stopped and write nothing; the parent's trace holds the parent's hooks."""
+    out = tmp_path / "run.json"
+    plain, traced = both(tmp_path, _DATALOADER, *window, "--keep-running", "-o", str(out))
+    assert plain.returncode == 0, plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+    assert "Traceback" not in traced.stderr and traced.stderr.count("wrote ") == 1, traced.stderr
+    assert _fired(out) == ["parent_hook"], _fired(out)
+
+
+def test_a_dataloader_fork_child_is_not_stopped_at_the_window_s_end(tmp_path):
+    plain, traced = both(tmp_path, _DATALOADER, "--step-on", "forward", "--start", "1")
+    # the parent is stopped after its window (step 1): it printed nothing, and its workers died of nothing
+    assert (traced.returncode, traced.stdout.count("steps")) == (0, 0), traced.stderr
+    assert "Traceback" not in traced.stderr and "exited unexpectedly" not in traced.stderr, traced.stderr
+
+
+_FORK = """
+    import os, sys
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    def hook(m, i, o):
+        print("hook in", "child" if os.getpid() != parent else "parent", flush=True)
+    model.register_forward_hook(hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child steps too, and ends by returning from the script
+        model(torch.ones(2)).sum().backward()
+        opt.step()
+        print("child done", flush=True)
+        sys.exit(3)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+    for _ in range(2):
+        model(torch.ones(2)).sum().backward()
+        opt.step()
+    print("parent done", flush=True)
+"""
+
+
+def test_a_forked_child_counts_no_step_and_writes_nothing(tmp_path):
+    out = tmp_path / "run.json"
+    plain, traced = both(tmp_path, _FORK, "--keep-running", "-o", str(out))
+    assert plain.returncode == 0 and "child exit 3" in plain.stdout, plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+    assert traced.stderr.count("wrote ") == 1 and "note:" in traced.stderr, traced.stderr
+    assert _fired(out) == ["hook"], "the parent's window is in the trace"
+
+
+# -- an uncaught exception: its traceback and the script's sys.excepthook -------------------------
+
+_RAISES = """
+    import sys
+    import torch
+
+    MODE = sys.argv[1]
+    if MODE == "excepthook":
+        def shown(kind, value, tb):  # the script's own: python calls it with the script's frames
+            frames = []
+            while tb is not None:
+                frames.append(f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_frame.f_code.co_name}")
+                tb = tb.tb_next
+            print("excepthook", kind.__name__, value, frames, flush=True)
+        sys.excepthook = shown
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    def forward_hook(m, i, o):
+        if MODE != "backward":
+            raise ValueError("from a forward hook")
+    def grad_hook(grad):
+        raise KeyError("from a tensor hook in backward")
+    model[1].register_forward_hook(forward_hook)
+    def step():
+        out = model(torch.ones(2, requires_grad=True))
+        out.register_hook(grad_hook)
+        try:
+            out.sum().backward()
+        except KeyError as exc:
+            raise RuntimeError("backward failed") from exc
+    step()
+"""
+
+
+@pytest.mark.parametrize("mode", ["forward", "backward", "excepthook"])
+def test_an_uncaught_exception_is_shown_as_python_shows_it(tmp_path, mode):
+    """The traceback is python's, frame for frame (no `<frozen runpy>`, no `<hooktrace-shim-N>`, no
+    hooktrace wrapper between the script's frames), and a script's own sys.excepthook is called."""
+    out = tmp_path / "run.json"
+    _script(tmp_path, _RAISES)
+    plain = _python(tmp_path, "script.py", mode)
+    traced = _python(tmp_path, "-m", "hooktrace", "exec", "-o", str(out), "script.py", mode)
+    expected = plain.stdout
+    if mode == "excepthook":  # the capture's module call stands in for _wrapped_call_impl (README)
+        expected = expected.replace("'module.py:_wrapped_call_impl', ", "")
+    assert plain.returncode == 1 and (traced.returncode, traced.stdout) == (1, expected), traced.stderr
+    assert plain.stderr in traced.stderr, traced.stderr  # the same traceback, whole
+    assert "frozen runpy" not in traced.stderr and "hooktrace-shim" not in traced.stderr, traced.stderr
+    assert "run failed: " in traced.stderr and out.exists()
+    if mode == "excepthook":
+        assert plain.stdout.startswith("excepthook ValueError from a forward hook"), plain.stdout
