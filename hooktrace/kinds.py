@@ -11,15 +11,16 @@ from __future__ import annotations
 from typing import Any, Iterable, NamedTuple, Optional
 
 # Where a hook lives (HOOK `scope`).
-MODULE, GLOBAL, TENSOR, NODE, OPTIMIZER, SAVED_TENSORS = (
+MODULE, GLOBAL, TENSOR, NODE, OPTIMIZER, SAVED_TENSORS, ENGINE = (
     "module",
     "global",
     "tensor",
     "node",
     "optimizer",
     "saved_tensors",
+    "engine",  # autograd's engine: what one backward pass runs when it ends
 )
-SCOPES = (MODULE, GLOBAL, TENSOR, NODE, OPTIMIZER, SAVED_TENSORS)
+SCOPES = (MODULE, GLOBAL, TENSOR, NODE, OPTIMIZER, SAVED_TENSORS, ENGINE)
 
 # How the root module (path "") is shown, and named in `tensor` ("output of <root>"); `--module` takes it.
 ROOT = "<root>"
@@ -91,6 +92,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "tensor": ("tensor hook (grad, post-accumulate)", "#e6d3ee"),
     "node": ("autograd node hook", "#d0ece7"),
     "comm": ("DDP communication hook", "#f8d7e3"),
+    "engine": ("end-of-backward callback", "#dcedc8"),
     "optimizer": ("optimizer hook", "#ffe0b2"),
     "saved": ("saved-tensor pack/unpack", "#e0e0e0"),
 }
@@ -185,6 +187,10 @@ TABLE: dict[str, Kind] = {
         Kind("optimizer_load_state_dict_post", (OPTIMIZER,), OTHER, "optimizer load_state_dict post-hook", None,
              None, ((OPTIMIZER, "_optimizer_load_state_dict_post_hooks"),),
              ((OPTIMIZER, "register_load_state_dict_post_hook"),), 1, call="load_state_dict()"),
+        # version 2: hooks PyTorch APIs keep outside any hook dict (capture/hookapis.py)
+        Kind("final_callback", (ENGINE,), BACKWARD, "end-of-backward callback", "engine", "cyan"),
+        Kind("multi_grad", (TENSOR,), BACKWARD, "multi-grad hook", "tensor", "yellow"),
+        Kind("leaf_multi_grad", (TENSOR,), BACKWARD, "leaf_function multi-grad hook", "tensor", "yellow"),
         # version 2: saved tensors (saved_tensors_hooks, save_on_cpu, checkpointing)
         Kind("pack", (SAVED_TENSORS,), ENCLOSING, "saved-tensor pack hook", "saved", "bright_black", args=1),
         Kind("unpack", (SAVED_TENSORS,), BACKWARD, "saved-tensor unpack hook", "saved", "bright_black", args=1),

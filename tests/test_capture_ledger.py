@@ -113,7 +113,7 @@ def _owners() -> list[Any]:
             todo.extend(cls.__subclasses__())
     owners: list[Any] = [nn.Module, torch.Tensor, *optimizers, nn_module, torch.nn.modules, torch.nn]
     owners += [optim_module, torch.optim, RemovableHandle, autograd_function._HookMixin, saved_tensors_hooks]
-    owners += [torch._C._autograd.SavedTensor, torch.autograd]
+    owners += [torch._C._autograd.SavedTensor, torch.autograd, torch.autograd.Variable]
     if torch.distributed.is_available():
         owners.append(torch.distributed)
     if "torch._dynamo" in sys.modules:  # compiled autograd's end_capture (capture/compiled.py)

@@ -105,6 +105,7 @@ SCOPE_WORDS = {
     kinds.NODE: r"\bnode\b",
     kinds.OPTIMIZER: r"\boptimizer\b",
     kinds.SAVED_TENSORS: r"\bsaved-tensors\b",
+    kinds.ENGINE: r"\bengine scope\b",
 }
 
 

@@ -83,9 +83,10 @@ def test_a_large_real_trace_inflates_within_the_bound(tmp_path):
 def test_kinds_table_covers_spec_v2():
     from hooktrace import kinds
 
-    assert kinds.SCOPES == ("module", "global", "tensor", "node", "optimizer", "saved_tensors")
+    assert kinds.SCOPES == ("module", "global", "tensor", "node", "optimizer", "saved_tensors", "engine")
     assert kinds.PHASES == ("forward", "backward", "recompute", "optimizer", "other")
-    assert kinds.kinds_of("tensor") == ("grad", "post_accumulate_grad")
+    assert kinds.kinds_of("tensor") == ("grad", "post_accumulate_grad", "multi_grad", "leaf_multi_grad")
+    assert kinds.kinds_of("engine") == ("final_callback",)
     assert kinds.kinds_of("node") == ("node_pre", "node")
     assert kinds.kinds_of("saved_tensors") == ("pack", "unpack")
     assert set(kinds.kinds_of("optimizer")) == {

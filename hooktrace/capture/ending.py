@@ -13,7 +13,7 @@ import torch
 
 from ..kinds import MODULE, TENSOR
 from ..schema import Meta, Module
-from . import build, dicts, roots, shims
+from . import build, dicts, hookapis, roots, shims
 from .records import HookBook
 from .tensors import dtype_and_device, hook_place, weak
 
@@ -97,6 +97,8 @@ def _settle(
                 final.unchanged.add(id(d))
             return
     for hid, fn in [*d.items()]:  # one read: other threads may still register or remove
+        if scope == TENSOR and hookapis.is_inner_hook(fn):  # a multi-grad hook's: not a hook of its own
+            continue
         record = book.record(d, hid, fn, kind, owner, scope)
         if tensor is not None and record.tensor_ref is None:
             record.tensor_ref = weak(tensor)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Collection, Optional
 from .. import ids
 from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
 from ..kinds import GLOBAL, MODULE, SAVED_TENSORS, TENSOR, K
-from . import comm, dicts, shims, sites
+from . import comm, dicts, hookapis, shims, sites
 from .build import Record
 from .tensors import weak
 
@@ -86,6 +86,10 @@ class HookBook:
         self._wrappers: dict[tuple[int, int], tuple[Any, Any]] = {}
         # id(saved_tensors_hooks object) -> (weakref or object, pack shim, unpack shim)
         self._saved: dict[int, tuple[Any, Any, Any]] = {}
+        # PyTorch's inner tensor hooks of a multi-grad hook are not traced: (fn, handle id) go here
+        # instead (capture/hookapis.py MultiGrad.on_inner, set while a capture is open)
+        self.on_multi_grad: Optional[Callable[[Any, int], None]] = None
+        self._api: dict[Any, int] = {}  # key -> trace id of a hook a PyTorch API holds (api_shim)
 
     # -- ids and records ---------------------------------------------------------------
     def trace_id(self, d: dict, hid: int) -> int:
@@ -285,6 +289,10 @@ class HookBook:
         fn = d.get(hid)
         if fn is None:  # removed meanwhile, on another thread
             return None
+        if hookapis.is_inner_hook(fn):  # a multi-grad hook's: its user's function is traced instead
+            if self.on_multi_grad is not None:
+                self.on_multi_grad(fn, hid)
+            return None
         entry = self.tensor_shims.get(id(fn))
         if entry is not None and entry[0]() is fn:  # already ours
             return self.records[entry[2]]
@@ -356,6 +364,27 @@ class HookBook:
         record.defined_at = comm.defined_at(hook)  # its own code, not the trampoline standing for it
         return shims.make_shim(self.rec, call, record.id, K.comm, ddp, False)
 
+    def api_shim(
+        self,
+        fn: Any,
+        kind: str,
+        owner: Any,
+        scope: str,
+        site: Optional[Site],
+        name_from: Any = None,
+        key: Any = None,
+    ) -> Any:
+        """The recording shim of a hook a PyTorch API holds outside any dict (capture/hookapis.py),
+        named after `name_from` (else `fn`); one record per `key` (per call when None)."""
+        tid = self._api.get(key) if key is not None else None
+        if tid is None or tid not in self.records:
+            tid = self._synthetic_record(fn if name_from is None else name_from, kind, owner, scope, site).id
+            if key is not None:
+                self._api[key] = tid
+        shim = shims.make_shim(self.rec, fn, tid, kind, owner if scope == MODULE else None, False)
+        shim.__wrapped__ = fn
+        return shim
+
     def untraceable(self, fn: Any, kind: str, owner: Any, name: str) -> None:
         """A hook that runs where hooktrace cannot see it (a built-in C++ comm hook): shown, named `name`."""
         self._synthetic_record(fn, kind, owner, MODULE, None).name = name
@@ -414,3 +443,4 @@ class HookBook:
         self.tensor_shims.clear()
         self._wrappers.clear()
         self._saved.clear()
+        self._api.clear()

@@ -85,6 +85,10 @@ SAME = {
     K.unpack: _ignored,
     K.comm: _ignored,  # the future is the hook's result, not a replacement
     K.forward_wrapper: _ignored,  # the forward's output, not a replacement
+    # PyTorch drops what these return
+    K.final_callback: _ignored,
+    K.multi_grad: _ignored,
+    K.leaf_multi_grad: _ignored,
     K.optimizer_step_pre: _same_pre,  # (args, kwargs) -> (args, kwargs)
     K.optimizer_step_post: _ignored,
     K.optimizer_state_dict_pre: _ignored,

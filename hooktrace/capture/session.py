@@ -30,6 +30,7 @@ from . import (
     dicts,
     dynamo,
     ending,
+    hookapis,
     kept,
     optim,
     registry,
@@ -194,6 +195,7 @@ class Capture:
         views.install(self._book, module_call, self._namer.on_output, ledger)
         optim.install(ledger)
         autograd.install(self, ledger)
+        hookapis.install(hookapis.Tracer(self._book, self._site, self._lock, lambda: self._active), ledger)
         self._compiled = compiled.Installed(self._rec, ledger)
         if self._compiled.note is not None:
             warnings.warn(self._compiled.note, RuntimeWarning, stacklevel=3)
