@@ -17,7 +17,6 @@ from typing import Any, List, NoReturn, Optional
 
 import typer
 
-from . import script_commands as sc
 from .compare import load_side_file, load_trace_file, print_comparison, safe_lines
 from .options import Output, RunOptions, UsageError, View, check_format, grouped, option
 from .outputs import check_renderable
@@ -26,8 +25,9 @@ from .outputs import emit_page as _emit
 from .outputs import output as _output
 from .outputs import stderr_line as _stderr
 from .outputs import text_or_html as _text_or_html
+from .ranks.show import rank_files_note as _rank_files_note  # noqa: F401  (tests read it here)
 from .render import RENDERERS
-from .script_commands import rank_files_note as _rank_files_note  # noqa: F401  (tests read it here)
+from .runs.outcome import Shown, finish, show
 from .supported import UnsupportedTorch
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
@@ -128,28 +128,28 @@ def run(
         check_profile_path(profile)
         if nproc is not None and profile is not None:
             raise UsageError("--profile goes with one process; drop --nproc, or profile one rank's script")
+        shown_as = Shown(format, output, view, quiet, traceback)
         if nproc is not None:
-            from .ranks import Job
+            from .ranks.job import Job
+            from .ranks.show import run_ranks
 
-            job = Job("run", target=target, options=dataclasses.replace(options, timeout=None))
-            code = sc.run_ranks(job, nproc, rank, timeout, format, output, golden, view, traceback, quiet)
-            raise typer.Exit(code)
+            job = Job("factory", target=target, options=dataclasses.replace(options, timeout=None))
+            raise typer.Exit(run_ranks(job, nproc, rank, timeout, shown_as, golden))
         from .target import load_factory
 
         factory = load_factory(target)  # before importing torch: a missing file is reported at once
         from .render.merged import merge_profile
-        from .runs.factory import run as run_target
+        from .runs.factory import FactoryDriver
 
         with profiled(profile, merge_profile) as merged:
-            result = run_target(factory, options, stop_signals=True)
+            result = FactoryDriver(factory, options, stop_signals=True).run(on_trace=lambda _result: None)
             merged.trace = result.trace
         if profile is not None:
             _stderr(f"wrote {profile} (torch.profiler's Chrome trace with hooktrace's events, aligned)")
-        if not (quiet and output is None):
-            _output(result.trace, format, output, view, quiet, keep=True)
+        show(result, shown_as, golden)
     except UsageError as exc:
         _fail(exc, traceback)
-    raise typer.Exit(sc.run_outcome(result, target, golden, quiet, traceback))
+    raise typer.Exit(finish(result, shown_as, golden))
 
 
 @app.command()
@@ -266,18 +266,22 @@ def exec_(
         if nproc is None and "RANK" not in os.environ:  # ranks write JSON, whatever -o says
             check_renderable(format, output)
         view = shown.given()
-        target, options = sc.exec_target(script, as_module, start, steps, step_on, keep_running, shapes)
+        from .runs.script import ExecOptions, ScriptDriver
+
+        options = ExecOptions(start, steps, step_on, keep_running, shapes)
+        driver = ScriptDriver.of(script, as_module, options)
         golden = load_side_file(check) if check is not None else None
         if nproc is None and (rank is not None or timeout is not None):
             raise UsageError("--rank and --timeout go with --nproc N; add --nproc or drop them")
+        shown_as = Shown(format, output, view, quiet, traceback)
         if nproc is not None:
-            from .ranks import Job
+            from .ranks.job import Job
+            from .ranks.show import run_ranks
 
-            job = Job("exec", script=tuple(script or ()), as_module=as_module, options=options)
-            raise typer.Exit(
-                sc.run_ranks(job, nproc, rank, timeout, format, output, golden, view, traceback, quiet)
-            )
-        raise typer.Exit(sc.run_exec(target, options, format, output, view, quiet, golden))
+            job = Job("script", script=tuple(script or ()), as_module=as_module, options=options)
+            raise typer.Exit(run_ranks(job, nproc, rank, timeout, shown_as, golden))
+        result = driver.run(on_trace=lambda complete: show(complete, shown_as, golden))
+        raise typer.Exit(finish(result, shown_as, golden))
     except UsageError as exc:
         _fail(exc, traceback)
 
@@ -326,9 +330,11 @@ def ranks(
     try:
         html = _text_or_html(format, output, "ranks")
         traces = [(path, load_trace_file(path)) for path in files]
-        text, code = sc.ranks_summary(traces)
+        from .ranks.summary import ranks_page, ranks_summary
+
+        text, code = ranks_summary(traces)
         if html:
-            _emit(sc.ranks_page(traces), output, f"html: {len(traces)} ranks, the first divergence marked")
+            _emit(ranks_page(traces), output, f"html: {len(traces)} ranks, the first divergence marked")
     except UsageError as exc:
         _fail(exc, traceback)
     if html and output is None:  # stdout holds the page

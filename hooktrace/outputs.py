@@ -254,3 +254,17 @@ def emit_page(page: str, output: Optional[Path], what: str) -> None:
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {write_error_words(exc, output, absolute=False)}") from exc
     stderr_line(f"wrote {output} ({what})")
+
+
+def rank_trace_path(out: str, rank: Union[int, str]) -> str:
+    """Where rank `rank` writes its trace for `-o out`: the extension becomes `.rank{r}.json`.
+
+    `run.json` -> `run.rank0.json` (rank `"*"`: the pattern of them all); another extension is replaced too (`run.svg` -> `run.rank0.json`:
+    ranks always write traces); a final `.gz` keeps the compression (`run.json.gz` -> `run.rank0.json.gz`).
+    """
+    gz = out.lower().endswith(".gz") and len(os.path.basename(out)) > 3
+    stem = out[:-3] if gz else out
+    base, ext = os.path.splitext(stem)
+    if ext and not ({os.sep, os.altsep} - {None}) & set(ext):
+        stem = base
+    return f"{stem}.rank{rank}.json" + (".gz" if gz else "")

@@ -26,11 +26,11 @@ FLOORS: list[tuple[str, ...]] = [
     ("schema", "options"),  # the data model; run and view options declared once
     ("validate", "target", "inputs"),  # load-time checks: a document becomes a Trace; the factory, its inputs
     ("analysis", "capture"),  # pure functions of a Trace | the only code that touches torch's hooks
-    ("render", "runs"),  # renderers | drivers over one capture
-    ("ranks",),  # one run per rank
+    ("render",),  # renderers
     ("compare", "outputs"),  # traces and order files side by side; where a command's output goes
+    ("runs",),  # drivers over one capture, their one result and outcome
+    ("ranks",),  # one run per rank
     ("hooktrace",),  # the public API (hooktrace/__init__.py)
-    ("script_commands",),  # what `run`, `exec` and `ranks` do once parsed
     ("cli", "pytest_plugin"),  # the commands; the `hook_order` fixture
     ("__main__",),
 ]

@@ -154,9 +154,10 @@ def test_a_stop_signal_that_lands_in_a_store_read_still_stops_the_launch(torchs:
     # handler raised inside that read was swallowed as "the store cannot say", and the ranks ran on.
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from hooktrace.ranks.launch import Interrupted, _Watch
+    from hooktrace.ranks.launch import _Watch
+    from hooktrace.runs.stop import Stopped
 
-    raised = SignalException("got SIGHUP", signal.SIGHUP) if torchs else Interrupted(signal.SIGHUP)
+    raised = SignalException("got SIGHUP", signal.SIGHUP) if torchs else Stopped(signal.SIGHUP)
     watch = _Watch(nproc=1, timeout=1, join_timeout=1)
     watch.store = _SignalledStore(raised)
     with pytest.raises(type(raised)):
@@ -181,7 +182,7 @@ def test_a_stop_signal_once_the_run_has_ended_waits_until_the_trace_is_written(
 ) -> None:
     # The launcher stops the other ranks when one fails; a rank whose run had just ended (its
     # collective failed because the peer died) got the SIGTERM while building or writing its trace,
-    # and RankTerminated escaped from there: no trace at all. Deterministic here: the signal is
+    # and the stop escaped from there: no trace at all. Deterministic here: the signal is
     # sent the moment the run ends.
     from hooktrace.ranks import worker
 
@@ -218,7 +219,7 @@ def test_a_stop_signal_while_the_steps_run_still_stops_the_rank_at_once(
     worker._DEFERRAL.armed(True)
     handlers = {sig: signal.getsignal(sig) for sig in worker.STOP_SIGNALS}
     try:
-        with pytest.raises(worker.RankTerminated, match="stopped by SIGTERM"):
+        with pytest.raises(worker.Stopped, match="stopped by SIGTERM"):
             worker._raise_terminated(signal.SIGTERM, None)
         assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in handlers)  # one is enough
     finally:

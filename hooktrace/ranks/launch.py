@@ -11,7 +11,7 @@ from one a signal killed: the OOM killer's SIGKILL, someone's SIGTERM). On top o
 
 - `--timeout S` (see `run_ranks`): a rank that stops making progress, or outlives another by S
   seconds, is stopped with every other rank, and reported `hung`;
-- SIGINT / SIGTERM / SIGHUP / SIGQUIT to this process (our handlers raise `Interrupted`) stop
+- SIGINT / SIGTERM / SIGHUP / SIGQUIT to this process (our handlers raise `runs.stop.Stopped`) stop
   every rank; each writes its partial trace, and the result says which signal it was.
 
 Then every `PATH.rank{r}.json` is loaded and the ranks' hook orders are compared
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Union
 
 from ..analysis.ranks import compare_ranks
 from ..options import RunOptions, UsageError, check_nproc, check_timeout
-from ..runs.stop import install, restore
+from ..runs.stop import Stopped, install, restore
 from ..schema import TraceFormatError
 from ..target import split_spec
 from ..validate import load
@@ -131,8 +131,8 @@ def run_ranks(
     if not 0 <= show_rank < nproc:
         raise UsageError(f"--rank {show_rank}: give a rank from 0 to {nproc - 1} (--nproc {nproc})")
     check_timeout(timeout)
-    job_of = target if isinstance(target, Job) else Job("run", target=target, options=options)
-    if job_of.driver == "run":
+    job_of = target if isinstance(target, Job) else Job("factory", target=target, options=options)
+    if job_of.target:
         _check_target(job_of.target)
     if out is not None:
         folder = os.path.dirname(os.path.abspath(out))
@@ -184,23 +184,21 @@ def _run_dir() -> str:
         raise UsageError(f"cannot create a temporary folder for the ranks' logs: {why}") from exc
 
 
-class Interrupted(Exception):
-    """SIGINT/SIGTERM/SIGHUP/SIGQUIT while ranks may run (the PContext's own handlers raise torch's
-    SignalException, with the same `sigval`)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"hooktrace got {signal.Signals(signum).name}")
-        self.sigval = signal.Signals(signum)
-
-
 def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(signum)
+    raise Stopped(signum, f"hooktrace got {signal.Signals(signum).name}")
 
 
-def _stop_signals() -> tuple[type[Union[Interrupted, SignalException]], ...]:
-    """What a stop signal raises here: ours, and torch's once its handlers can be installed."""
+def _stop_signals() -> tuple[type[Union[Stopped, SignalException]], ...]:
+    """What a stop signal raises here: ours, and torch's once its handlers can be installed (the
+    PContext's own handlers raise torch's SignalException)."""
     elastic = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
-    return (Interrupted,) if elastic is None else (Interrupted, elastic.SignalException)
+    return (Stopped,) if elastic is None else (Stopped, elastic.SignalException)
+
+
+def _signum(exc: BaseException) -> int:
+    """The signal behind what `_stop_signals()` raised."""
+    sig = exc.signal if isinstance(exc, Stopped) else getattr(exc, "sigval", None)
+    return int(sig) if sig is not None else int(signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -228,10 +226,8 @@ def _signals_raise() -> Iterator[dict[str, int]]:
     propagate, elastic.propagate = elastic.propagate, False  # torch's own handler sits on "torch"
     try:
         yield seen
-    except Exception as exc:
-        if not isinstance(exc, _stop_signals()):
-            raise
-        seen["signal"] = int(exc.sigval)
+    except _stop_signals() as exc:
+        seen["signal"] = _signum(exc)
     finally:
         elastic.propagate = propagate
         elastic.removeHandler(quiet)
@@ -289,8 +285,10 @@ class _Watch:
             from torch.distributed import TCPStore
             from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
+            from ..runs.driver import driver_class
+
             # a script's own output reaches the terminal (and the log the launcher reads); a factory's is kept
-            tee = Std.ALL if job["driver"] == "exec" else Std.NONE
+            tee = Std.ALL if driver_class(job["driver"]).own_output else Std.NONE
             main = threading.current_thread() is threading.main_thread()
             ours = (
                 {sig: signal.getsignal(sig) for sig in _SIGNALS} if main else {}
@@ -309,9 +307,9 @@ class _Watch:
             while not self._done():
                 time.sleep(_POLL)
         except _stop_signals() as exc:
-            self.interrupted = int(exc.sigval)
+            self.interrupted = got = _signum(exc)
             # The ranks keep their partial traces on the signals they handle; for others, SIGTERM.
-            self._stop(exc.sigval if exc.sigval in STOP_SIGNALS else signal.SIGTERM)
+            self._stop(signal.Signals(got) if got in STOP_SIGNALS else signal.SIGTERM)
         now = time.monotonic()
         for r in range(self.nproc):
             self.ended.setdefault(r, now)
@@ -368,7 +366,7 @@ class _Watch:
         try:
             self.pc.close(death_sig=sig, timeout=STOP_GRACE)
         except _stop_signals() as exc:  # asked again while waiting: no more grace
-            self.interrupted = self.interrupted or int(exc.sigval)
+            self.interrupted = self.interrupted or _signum(exc)
             self.pc.close(death_sig=signal.SIGKILL, timeout=STOP_GRACE)
 
     def _read(self, key: str) -> Optional[str]:
@@ -419,7 +417,7 @@ class _Watch:
         if isinstance(message, dict) or said is not None:
             # no readable error file (a file-size limit, a full disk): what the rank put in the store
             text = str(message.get("message", "")) if isinstance(message, dict) else str(said)
-            for prefix in ("RankFailed: ", "UsageError: ", "RankTerminated: "):
+            for prefix in ("RankFailed: ", "UsageError: ", "Stopped: "):
                 text = text.removeprefix(prefix)
             outcome.error = text
             if isinstance(message, dict):

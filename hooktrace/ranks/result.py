@@ -6,13 +6,13 @@ with `exit_code`.
 
 from __future__ import annotations
 
-import os
 import signal
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
 from ..analysis.counts import count, plural
 from ..analysis.ranks import RankComparison
+from ..outputs import rank_trace_path as rank_trace_path  # where rank r writes its trace
 from ..schema import Trace
 
 DEFAULT_TIMEOUT = 60.0
@@ -34,20 +34,6 @@ _PEER_ERRORS = (
     "Timed out waiting",
     "timed out",
 )
-
-
-def rank_trace_path(out: str, rank: Union[int, str]) -> str:
-    """Where rank `rank` writes its trace for `-o out`: the extension becomes `.rank{r}.json`.
-
-    `run.json` -> `run.rank0.json` (rank `"*"`: the pattern of them all); another extension is replaced too (`run.svg` -> `run.rank0.json`:
-    ranks always write traces); a final `.gz` keeps the compression (`run.json.gz` -> `run.rank0.json.gz`).
-    """
-    gz = out.lower().endswith(".gz") and len(os.path.basename(out)) > 3
-    stem = out[:-3] if gz else out
-    base, ext = os.path.splitext(stem)
-    if ext and not ({os.sep, os.altsep} - {None}) & set(ext):
-        stem = base
-    return f"{stem}.rank{rank}.json" + (".gz" if gz else "")
 
 
 @dataclass

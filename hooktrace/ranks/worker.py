@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import functools
 import json
 import os
 import signal
@@ -28,7 +29,8 @@ import time
 from typing import Any, Iterator, Optional
 
 from ..options import UsageError
-from ..runs.stop import install, restore
+from ..runs.driver import LOADING
+from ..runs.stop import Stopped, install, restore
 from .result import CRASHED, FAILED, OK, STATE_EXIT, STOPPED, USAGE, rank_trace_path
 
 PROGRESS_KEY = "hooktrace/progress/{rank}"
@@ -41,10 +43,6 @@ _MESSAGE_LIMIT = 4000
 # The signals that stop a rank with its partial trace written: what the launcher forwards (it gets
 # SIGHUP when its terminal closes) and what an outside `kill` sends.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-class RankTerminated(Exception):
-    """A stop signal (`STOP_SIGNALS`); raised in the main thread so the partial trace is kept."""
 
 
 class RankFailed(Exception):
@@ -74,13 +72,13 @@ def _raise_terminated(signum: int, frame: Any) -> None:
             _DEFERRAL.pending = signum
         return
     install(STOP_SIGNALS, signal.SIG_IGN)  # one is enough: let the rank write its trace
-    raise RankTerminated(f"stopped by {signal.Signals(signum).name}")
+    raise Stopped(signum, f"stopped by {signal.Signals(signum).name}")
 
 
-def _termination(exc: Optional[BaseException]) -> Optional[RankTerminated]:
+def _termination(exc: Optional[BaseException]) -> Optional[Stopped]:
     """The stop signal behind `exc`, if any (a hook or the factory may have wrapped it)."""
     while exc is not None:
-        if isinstance(exc, RankTerminated):
+        if isinstance(exc, Stopped):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
@@ -109,9 +107,7 @@ class _Store:
     def _set(self, key: str, value: str) -> None:
         try:
             self.store.set(key, value)
-        except RankTerminated:
-            raise
-        except Exception:
+        except Exception:  # a stop signal (`Stopped`) is no Exception: it goes on
             pass
 
     def progress(self, phase: str) -> None:
@@ -231,62 +227,54 @@ def _join(reports: _Store, world_size: int, local_rank: int, job: dict[str, Any]
     return device
 
 
-def _rank(job: dict[str, Any]) -> None:
-    """Trace the job on this rank; return on success, raise to say how it failed (see `main`)."""
+def _rank(job: dict[str, Any], handler: Any = None) -> None:
+    """Trace the job on this rank; return on success, raise to say how it failed (see `main`).
+    `handler`: the elastic error handler, which `record` gives only an Exception: a stop is told it here."""
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK", rank)
     reports = _connect(rank, world_size, job)
     try:
-        if job.get("driver", "run") == "exec":  # the script joins the group itself, as under torchrun
-            result = _run_script(job, reports)
-            _write(job, rank, world_size, reports, result)
-        else:
-            _traced(job, rank, world_size, reports, _join(reports, world_size, local_rank, job))
-    except Exception as exc:
+        from ..runs.driver import driver_class
+
+        joins = driver_class(job.get("driver", "factory")).joins_group
+        # a factory's rank joins the group first; a script joins it itself, as under torchrun
+        _traced(
+            job, rank, world_size, reports, _join(reports, world_size, local_rank, job) if joins else None
+        )
+    except BaseException as exc:
         reports.error(exc)
+        if handler is not None and isinstance(exc, Stopped):
+            handler.record_exception(exc)
         raise
 
 
 def _traced(job: dict[str, Any], rank: int, world_size: int, reports: _Store, device: Optional[str]) -> None:
-    """Load the target, run it traced, write the trace; raise to say how the run failed."""
-    _write(job, rank, world_size, reports, _run_factory(job, reports, device))
+    """Load the target or script, run it traced, write the trace; raise to say how the run failed."""
+    _write(job, rank, world_size, reports, _run(job, reports, device))
 
 
-def _run_factory(job: dict[str, Any], reports: _Store, device: Optional[str]) -> Any:
-    """Load the target and run it traced (runs/factory.py)."""
+def _run(job: dict[str, Any], reports: _Store, device: Optional[str]) -> Any:
+    """Build the job's driver (runs/driver.py) and run it; the rank reports its steps."""
     import torch.distributed as dist
 
-    from ..options import RunOptions
-    from ..runs.factory import run
-    from ..target import load_factory
+    from ..runs.driver import driver_class
 
-    reports.progress("loading")
-    options = RunOptions(**dict(job["options"], device=device))
-    try:
-        with _factory_may_init(dist):
-            return run(load_factory(job["target"]), options, on_step=reports.step, on_armed=_DEFERRAL.armed)
-    except UsageError as exc:
-        stop = _termination(exc)
-        if stop is not None:  # not the factory's fault: say what happened
-            raise RankTerminated(f"{stop} while loading the target") from exc
-        raise
-
-
-def _run_script(job: dict[str, Any], reports: _Store) -> Any:
-    """Run the script as python would, its window traced (runs/script.py)."""
-    from ..runs.script import ExecOptions, Script, run_script
-
-    reports.progress("running")
-    first, *args = job["script"]
-    script = (
-        Script(module=first, args=tuple(args)) if job["as_module"] else Script(path=first, args=tuple(args))
-    )
-    _DEFERRAL.armed(True)
-    try:
-        result = run_script(script, ExecOptions(**job["options"]), lambda _result: None, on_step=reports.step)
-    finally:
-        _DEFERRAL.armed(False)
+    cls = driver_class(job.get("driver", "factory"))
+    reports.progress(cls.first_phase)
+    # a factory may init the group itself: it finds the rank's; a script's own call stays untouched
+    with _factory_may_init(dist) if cls.joins_group else contextlib.nullcontext():
+        try:
+            driver = cls.from_job(job, device)
+        except Stopped as exc:
+            raise Stopped(exc.signal, f"{exc} while {LOADING}") from exc
+        try:
+            result = driver.run(lambda _result: None, on_step=reports.step, on_armed=_DEFERRAL.armed)
+        except UsageError as exc:
+            stop = _termination(exc)
+            if stop is not None:  # not the target's fault: say what happened
+                raise Stopped(stop.signal, f"{stop} while {LOADING}") from exc
+            raise
     if result.exception is None and result.stopped_by is None and result.exit_code:
         result.error = f"the script exited with code {result.exit_code}"
         result.exception = SystemExit(result.exit_code)
@@ -295,6 +283,8 @@ def _run_script(job: dict[str, Any], reports: _Store) -> Any:
 
 def _write(job: dict[str, Any], rank: int, world_size: int, reports: _Store, result: Any) -> None:
     """Write the rank's trace; raise to say how its run failed."""
+    if result.stopped_in == LOADING:  # nothing ran: an earlier trace at the path stays as it was
+        raise Stopped(result.stopped_by, f"stopped by {result.stopped_by.name} while {LOADING}")
     reports.progress("writing")
     trace = result.trace
     trace.meta.rank = rank
@@ -308,11 +298,13 @@ def _write(job: dict[str, Any], rank: int, world_size: int, reports: _Store, res
         every = rank_trace_path(job["out"], 0).replace(".rank0.json", ".rank{r}.json")
         raise UsageError(f"cannot write {every}: {write_error_words(exc, path)}") from exc
     reports.notes(result.notes)
+    if result.stopped_by is not None:  # a stop signal, where it landed (a hook, the model, the script)
+        raise Stopped(result.stopped_by, f"stopped by {result.stopped_by.name} while in {result.stopped_in}")
     if result.exception is not None:
         stop = _termination(result.exception)
-        if stop is not None:  # a stop signal raised inside a hook or the model: where it was
+        if stop is not None:  # a stop signal a hook caught and raised as another exception
             where = (result.error or "").replace(f" raised {type(stop).__name__}: {stop}", "")
-            raise RankTerminated(f"{stop} while in {where}") from result.exception
+            raise Stopped(stop.signal, f"{stop} while in {where}") from result.exception
         raise RankFailed(result.error) from result.exception
 
 
@@ -339,8 +331,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         from torch.distributed.elastic.multiprocessing.errors import record
 
         # an exception is written to the rank's elastic error file
-        record(_rank, _error_handler())(json.loads(args[0]))
-    except Exception as exc:
+        handler = _error_handler()
+        record(functools.partial(_rank, handler=handler), handler)(json.loads(args[0]))
+    except (Exception, Stopped) as exc:
         failure = exc
     finally:
         restore(dict.fromkeys(found, signal.SIG_DFL))  # done: a late stop signal just ends the process

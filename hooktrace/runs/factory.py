@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import inspect
 import signal
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
 
 from ..analysis.counts import plural
 from ..capture.session import check_torch
@@ -22,22 +22,9 @@ from ..kinds import BACKWARD, FORWARD, HOOK, OPTIMIZER_PHASE
 from ..options import RunOptions, UsageError
 from ..schema import Trace
 from ..target import Factory, exec_command
-from .driver import open_capture
+from .driver import LOADING, Result, open_capture, stopped_in
 from .failure import describe_error, failing_event, meta_failure
 from .stop import Stopped, StopSignals
-
-
-@dataclass
-class RunResult:
-    """What a run gives back: the (possibly partial) trace, an error message if it raised, and notes.
-
-    `stopped_by`: the signal (SIGINT, SIGTERM) that ended the run early, if one did."""
-
-    trace: Trace
-    error: Optional[str] = None
-    exception: Optional[BaseException] = None
-    notes: list[str] = field(default_factory=list)
-    stopped_by: Optional[signal.Signals] = None
 
 
 def _check_torch() -> None:
@@ -142,7 +129,7 @@ def run(
     stop_signals: bool = False,
     on_step: Optional[Callable[[int, bool], None]] = None,
     on_armed: Optional[Callable[[bool], None]] = None,
-) -> RunResult:
+) -> Result:
     """Load, run and trace. UsageError for bad input; an exception from the model is caught and reported.
 
     `on_step(step, warmup)` is called as each step starts, warm-up steps (numbered from 0 too) with
@@ -158,6 +145,8 @@ def run(
     notes: list[str] = []
     exception: Optional[BaseException] = None
     stopped: Optional[int] = None
+    stop: Optional[BaseException] = None  # where the stop landed
+    loaded = False
     progress = _Progress(warmup=options.warmup > 0)
     with factory.on_sys_path(), StopSignals(stop_signals) as signals:
         with _Capture(factory.spec, options, progress) as capture:
@@ -167,6 +156,7 @@ def run(
                 on_armed(True)
             try:
                 target = coerce_result(_call_factory(factory), factory.label)
+                loaded = True
                 t.attach(target.model)
                 prepared = prepare(target, options)
                 notes += prepared.notes
@@ -191,9 +181,9 @@ def run(
                         on_step(step, False)
                     _step(prepared, options.backward, notes, progress)
             except Stopped as exc:
-                stopped = exc.signal
-            except KeyboardInterrupt:  # SIGINT with Python's own handler (stop_signals off)
-                stopped = signal.SIGINT
+                stopped, stop = exc.signal, exc
+            except KeyboardInterrupt as exc:  # SIGINT with Python's own handler (stop_signals off)
+                stopped, stop = signal.SIGINT, exc
             except UsageError:
                 raise
             except BaseException as exc:  # the model or a hook raised (sys.exit too): keep the partial trace
@@ -219,13 +209,59 @@ def run(
         )
     if exception is not None and prepared_inputs_rejected(trace, exception, progress, options):
         raise UsageError(_rejected_message(trace, exception, error or "", options, prepared)) from exception
-    return RunResult(
+    return Result(
         trace=trace,
+        label=factory.spec,
+        exit_code=0 if exception is None else 1,
         error=error,
         exception=exception,
         notes=notes,
         stopped_by=signal.Signals(stopped) if stopped is not None else None,
+        stopped_in=None
+        if stop is None
+        else stopped_in(describe_error(trace, stop), stop)
+        if loaded
+        else LOADING,
     )
+
+
+@dataclass
+class FactoryDriver:
+    """The driver of `run` (runs/driver.py `Driver`): a factory's model stepped under the capture.
+    `stop_signals`: SIGINT/SIGTERM/SIGHUP stop it (one process); a rank handles them itself."""
+
+    name: ClassVar[str] = "factory"
+    joins_group: ClassVar[bool] = True
+    own_output: ClassVar[bool] = False
+    first_phase: ClassVar[str] = "loading"
+    factory: Factory
+    options: RunOptions = RunOptions()
+    stop_signals: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.factory.spec
+
+    def run(
+        self,
+        on_trace: Callable[[Result], None],
+        on_step: Optional[Callable[[int, bool], None]] = None,
+        on_armed: Optional[Callable[[bool], None]] = None,
+    ) -> Result:
+        result = run(
+            self.factory, self.options, stop_signals=self.stop_signals, on_step=on_step, on_armed=on_armed
+        )
+        on_trace(result)
+        return result
+
+    @classmethod
+    def from_job(cls, job: dict[str, Any], device: Optional[str]) -> FactoryDriver:
+        from ..target import load_factory
+
+        return cls(load_factory(job["target"]), RunOptions(**dict(job["options"], device=device)))
+
+
+DRIVER = FactoryDriver
 
 
 def _warmup_note(warmup: int, removed: int, progress: _Progress, interrupted: Any) -> str:

@@ -6,7 +6,7 @@ wrapped, capture/steps.py `Registrations`) and step ends are counted (`--step-on
 `StepWatch`). The capture itself (`TraceSession` without a model: each outermost module call is a
 root) is opened when `start` steps have ended and closed when `steps` more have: only then are
 module calls and hook firings traced. When the window closes the trace is handed to `on_trace`,
-and the script is stopped there (`ScriptStopped`, exit 0) unless `keep_running`.
+and the script is stopped there (`Stopped` with its step, exit 0) unless `keep_running`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import os
 import runpy
 import signal
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
 
 from ..analysis.counts import plural
 from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER, UsageError
 from ..schema import Trace
-from .driver import open_capture
+from .driver import Result, open_capture, stopped_in
 from .failure import describe_error, failing_event, script_frame
 from .stop import Stopped, install, restore
 from .uncaught import script_traceback
@@ -86,34 +86,6 @@ class Script:
         return self
 
 
-class ScriptStopped(BaseException):
-    """Raised in the script once the window has closed: hooktrace stops it there (not an error)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-        super().__init__(f"hooktrace stopped the script after step {step}")
-
-
-@dataclass
-class ScriptResult:
-    """What `exec` gives back: the trace of the window (possibly partial), and how the script ended.
-
-    `exit_code`: the script's own (its `sys.exit` code, 1 when it raised, 0 when it ended or was
-    stopped after the window); `stopped_after`: the number of steps after which hooktrace stopped it."""
-
-    trace: Trace
-    exit_code: int = 0
-    exception: Optional[BaseException] = None
-    error: Optional[str] = None
-    script_traceback: Optional[str] = None
-    notes: list[str] = field(default_factory=list)
-    steps_ended: int = 0
-    stopped_after: Optional[int] = None
-    stopped_by: Optional[signal.Signals] = None
-    exit_message: Optional[str] = None  # `sys.exit("text")`: Python prints it to stderr
-    forked: bool = False  # this is a process the script forked: it traced nothing and shows nothing
-
-
 def _rank_meta() -> tuple[Optional[int], Optional[int]]:
     """RANK / WORLD_SIZE as torchrun (or any launcher) sets them, else (None, None)."""
     try:
@@ -130,7 +102,7 @@ class _Window:
         self,
         script: Script,
         options: ExecOptions,
-        on_trace: Callable[[ScriptResult], None],
+        on_trace: Callable[[Result], None],
         on_step: Optional[Callable[[int, bool], None]] = None,
     ) -> None:
         from ..capture.steps import Registrations, StepWatch
@@ -142,7 +114,7 @@ class _Window:
         self.ended = 0
         self.state = "before"  # -> "open" -> "closed"
         self.session: Any = None
-        self.result: Optional[ScriptResult] = None
+        self.result: Optional[Result] = None
         self.output_error: Optional[BaseException] = None
         self.registrations = Registrations()
         self.held: list[Any] = []  # the roots of the window's calls, alive until it closes
@@ -176,11 +148,11 @@ class _Window:
             if self.ended >= options.start + options.steps:
                 self.close()
                 if not options.keep_running:
-                    raise ScriptStopped(self.ended)
+                    raise Stopped(step=self.ended)
             else:
                 self.session.mark_step()
-        elif not options.keep_running:  # the script caught ScriptStopped and went on
-            raise ScriptStopped(self.ended)
+        elif not options.keep_running:  # the script caught Stopped and went on
+            raise Stopped(step=self.ended)
 
     def open(self) -> None:
         from ..capture.steps import open_after
@@ -191,13 +163,13 @@ class _Window:
         self.watch.rewrap()
         self.state = "open"
 
-    def close(self, ended_by: Optional[str] = None) -> ScriptResult:
+    def close(self, ended_by: Optional[str] = None) -> Result:
         """End the capture and hand the trace over (once)."""
         if self.result is not None:
             return self.result
         if self.forked:  # the parent owns the window, its trace and its output
             self.state = "closed"
-            self.result = ScriptResult(trace=Trace(), forked=True)
+            self.result = Result(trace=Trace(), forked=True)
             return self.result
         if self.state == "open":
             self.session.__exit__(None, None, None)
@@ -215,7 +187,7 @@ class _Window:
             self.output_error = exc
         return self.result
 
-    def _result(self, ended_by: Optional[str]) -> ScriptResult:
+    def _result(self, ended_by: Optional[str]) -> Result:
 
         session = self.session
         if session is None:  # the window never opened: an empty trace
@@ -224,7 +196,8 @@ class _Window:
                 pass
         rank, world = _rank_meta()
         session.set_meta(target=self.script.label, rank=rank, world_size=world, warmup=self.options.start)
-        return ScriptResult(trace=session.trace, notes=self._notes(ended_by), steps_ended=self.ended)
+        notes = self._notes(ended_by)
+        return Result(trace=session.trace, label=self.script.label, notes=notes, steps_ended=self.ended)
 
     def _notes(self, ended_by: Optional[str]) -> list[str]:
         options = self.options
@@ -356,9 +329,9 @@ def _watch_forks() -> None:
 def run_script(
     script: Script,
     options: ExecOptions,
-    on_trace: Callable[[ScriptResult], None],
+    on_trace: Callable[[Result], None],
     on_step: Optional[Callable[[int, bool], None]] = None,
-) -> ScriptResult:
+) -> Result:
     """Run the script, trace its window; `on_trace(result)` is called once, as soon as the trace is
     complete (the window closed, or the script ended / raised / was stopped first); `on_step(step,
     before_window)` as each step begins (the rank worker reports progress with it).
@@ -370,6 +343,7 @@ def run_script(
     exception: Optional[BaseException] = None
     exit_code, exit_message, stopped_by = 0, None, None
     stopped_after: Optional[int] = None
+    stop: Optional[BaseException] = None  # where a stop signal landed
     ended_by = "ended"
     _watch_forks()
     with _SysState(script), _Sigterm() as sigterm:
@@ -381,15 +355,16 @@ def run_script(
             else:
                 # python gives `__main__` its absolute path (`__file__`, the traceback's frames)
                 runpy.run_path(os.path.abspath(str(script.path)), run_name="__main__")
-        except ScriptStopped as exc:
-            stopped_after, ended_by = exc.step, "was stopped"
+        except Stopped as exc:
+            if exc.signal is None:  # the window closed
+                stopped_after, ended_by = exc.step, "was stopped"
+            else:
+                stopped_by, ended_by, stop = exc.signal, f"was stopped by {exc.signal.name}", exc
         except SystemExit as exc:
             exit_code, exit_message = _exit_code(exc)
             ended_by = f"exited with code {exit_code}"
-        except KeyboardInterrupt:
-            stopped_by, ended_by = signal.SIGINT, "was interrupted (SIGINT)"
-        except Stopped as exc:
-            stopped_by, ended_by = exc.signal, f"was stopped by {exc.signal.name}"
+        except KeyboardInterrupt as exc:
+            stopped_by, ended_by, stop = signal.SIGINT, "was interrupted (SIGINT)", exc
         except BaseException as exc:  # the script, the model or a hook raised
             exception, exit_code = exc, 1
             ended_by = f"raised {type(exc).__name__}"
@@ -405,13 +380,72 @@ def run_script(
     result.exit_message = exit_message
     result.stopped_after = stopped_after
     result.stopped_by = stopped_by
+    if stop is not None:
+        result.stopped_in = stopped_in(_error(result.trace, stop), stop)
     if exception is not None:
         result.exception = exception
-        result.script_traceback = script_traceback(exception)
-        if failing_event(result.trace, exception) is not None:
-            result.error = describe_error(result.trace, exception)
-        else:
-            where = script_frame(exception)
-            at = f" at {where}" if where else ""
-            result.error = f"the script raised {type(exception).__name__}: {exception}{at}"
+        result.traceback = script_traceback(exception)
+        result.error = _error(result.trace, exception)
     return result
+
+
+def _error(trace: Trace, exception: BaseException) -> str:
+    """The hook or module it passed through, else the script's own frame that raised it."""
+    if failing_event(trace, exception) is not None:
+        return describe_error(trace, exception)
+    where = script_frame(exception)
+    at = f" at {where}" if where else ""
+    return f"the script raised {type(exception).__name__}: {exception}{at}"
+
+
+@dataclass(frozen=True)
+class ScriptDriver:
+    """The driver of `exec` (runs/driver.py `Driver`): a script run as python would, a window traced.
+    Under `--nproc` the script joins the process group itself, as under torchrun, and its output
+    reaches the terminal."""
+
+    name: ClassVar[str] = "script"
+    joins_group: ClassVar[bool] = False
+    own_output: ClassVar[bool] = True
+    first_phase: ClassVar[str] = "running"
+    script: Script
+    options: ExecOptions = ExecOptions()
+
+    @property
+    def label(self) -> str:
+        return self.script.label
+
+    @classmethod
+    def of(cls, argv: Optional[list[str]], as_module: bool, options: ExecOptions) -> ScriptDriver:
+        """From exec's command line (SCRIPT.py ARGS... or MODULE ARGS...), checked: UsageError for
+        a missing script or module, or bad options."""
+        if not argv:
+            raise UsageError("give SCRIPT.py [ARGS]... or -m MODULE [ARGS]...")
+        name, args = argv[0], tuple(argv[1:])
+        script = Script(module=name, args=args) if as_module else Script(path=name, args=args)
+        options.check()
+        return cls(script.check(), options)
+
+    def run(
+        self,
+        on_trace: Callable[[Result], None],
+        on_step: Optional[Callable[[int, bool], None]] = None,
+        on_armed: Optional[Callable[[bool], None]] = None,
+    ) -> Result:
+        if on_armed is not None:
+            on_armed(True)
+        try:
+            return run_script(self.script, self.options, on_trace, on_step)
+        finally:
+            if on_armed is not None:
+                on_armed(False)
+
+    @classmethod
+    def from_job(cls, job: dict[str, Any], device: Optional[str]) -> ScriptDriver:
+        first, *args = job["script"]
+        module = job["as_module"]
+        script = Script(module=first, args=tuple(args)) if module else Script(path=first, args=tuple(args))
+        return cls(script, ExecOptions(**job["options"]))
+
+
+DRIVER = ScriptDriver

@@ -10,11 +10,23 @@ from typing import Any, Iterable, Mapping, Optional
 
 
 class Stopped(BaseException):
-    """Raised in the run by SIGINT / SIGTERM: like KeyboardInterrupt, not an error of the model."""
+    """The one control-flow exception for "stopped": a stop signal (`signal`: SIGINT, SIGTERM, SIGHUP
+    to a run, a rank or the rank launcher) or the end of exec's window (`step`: the steps after which
+    hooktrace stopped the script; `signal` None). Like KeyboardInterrupt, not an error of the model:
+    a BaseException, so a program's `except Exception` does not take it."""
 
-    def __init__(self, signum: int) -> None:
-        self.signal = signal.Signals(signum)
-        super().__init__(f"{self.signal.name} (the run was stopped)")
+    def __init__(
+        self, signum: Optional[int] = None, message: Optional[str] = None, *, step: Optional[int] = None
+    ) -> None:
+        self.signal = signal.Signals(signum) if signum is not None else None
+        self.step = step
+        if message is None:
+            message = (
+                f"{self.signal.name} (the run was stopped)"
+                if self.signal is not None
+                else f"hooktrace stopped the script after step {step}"
+            )
+        super().__init__(message)
 
 
 def install(signals: Iterable[int], handler: Any, *, only_default: bool = False) -> dict[int, Any]:
