@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..compare import Side, print_comparison
 from ..outputs import is_html, output, rank_trace_path, stderr_line, write
+from .driver import LOADING
 
 if TYPE_CHECKING:
     from ..schema import Trace
@@ -61,7 +62,10 @@ def _shown(result: Result, shown: Shown) -> bool:
 def show(result: Result, shown: Shown, golden: Optional[Side]) -> None:
     """The trace, as soon as it is complete: rendered or written to `-o`, then the run's notes."""
     trace, rank, out, fmt = result.trace, result.trace.meta.rank, shown.output, shown.fmt
-    if rank is None:
+    if result.stopped_in == LOADING:  # nothing ran: an earlier trace at `-o` stays as it was
+        if out is not None and out.exists():
+            stderr_line(f"note: {out} is left as it was")
+    elif rank is None:
         if not (shown.quiet and out is None):
             output(trace, fmt, out, shown.view, shown.quiet, keep=True)
     else:  # under torchrun: every rank writes its file, only rank 0 shows the trace
@@ -104,6 +108,10 @@ def finish(result: Result, shown: Shown, golden: Optional[Side]) -> int:
         code = max(code, EXIT_DIFFERENT)
     if result.stopped_by is not None:
         if _shown(result, shown):
-            stderr_line(f"stopped by {result.stopped_by.name}: the trace above is partial")
+            name = result.stopped_by.name
+            if result.stopped_in == LOADING:
+                stderr_line(f"stopped by {name} while {LOADING}: nothing was traced")
+            else:
+                stderr_line(f"stopped by {name}: the trace above is partial")
         code = 128 + result.stopped_by.value
     return code

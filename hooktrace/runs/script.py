@@ -15,6 +15,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
@@ -118,6 +119,7 @@ class _Window:
         self.output_error: Optional[BaseException] = None
         self.registrations = Registrations()
         self.held: list[Any] = []  # the roots of the window's calls, alive until it closes
+        self.thread: Optional[str] = None  # the thread the window closed in, when not the main one
         self.watch = StepWatch(options.step_on, self.step_ended)
         self.forked = False  # set in a child the script forked (`_after_fork_in_child`)
 
@@ -147,12 +149,19 @@ class _Window:
         elif self.state == "open":
             if self.ended >= options.start + options.steps:
                 self.close()
-                if not options.keep_running:
+                if not self.runs_on():
                     raise Stopped(step=self.ended)
             else:
                 self.session.mark_step()
-        elif not options.keep_running:  # the script caught Stopped and went on
+        elif not self.runs_on():  # the script caught Stopped and went on
             raise Stopped(step=self.ended)
+
+    def runs_on(self) -> bool:
+        """Whether the script runs on untraced once the window has closed: with --keep-running, or when
+        the window closed in a thread other than the main one. hooktrace stops a script by raising
+        `Stopped` in its main thread only: raised in a training thread, it would end that thread alone
+        (its traceback printed, the rest of the script going on without it)."""
+        return self.options.keep_running or self.thread is not None
 
     def open(self) -> None:
         from ..capture.steps import open_after
@@ -178,7 +187,9 @@ class _Window:
         elif self.state == "before":  # the script is over before the window opened: nothing to watch
             self.restore()  # (the empty trace's capture cannot open beside the registration watch)
         self.state = "closed"
-        if self.options.keep_running:  # nothing more to count: the script runs as if untraced
+        if threading.current_thread() is not threading.main_thread():
+            self.thread = threading.current_thread().name
+        if self.runs_on():  # nothing more to count: the script runs as if untraced
             self.restore()
         self.result = self._result(ended_by)
         try:
@@ -208,6 +219,11 @@ class _Window:
         ) + f" (a step ends at each {words})"
         if ended_by is None:
             what = "stopped the script there" if not options.keep_running else "the script ran on untraced"
+            if self.thread is not None and not options.keep_running:
+                what = (
+                    f"the window closed in thread {self.thread!r}, not the main thread: hooktrace stops a "
+                    "script only in its main thread, so the script ran on untraced (Ctrl-C stops it)"
+                )
             return [f"traced {window}; {what}"]
         notes = []
         if self.ended < options.start:
@@ -281,15 +297,16 @@ class _SysState:
 
 
 class _Sigterm:
-    """SIGTERM raises `Stopped` in the script (as for `run`), unless the script installs its own handler.
-    SIGINT keeps Python's own handler: the script sees KeyboardInterrupt, as it would untraced."""
+    """SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) raise `Stopped` in the script (as
+    for `run`), unless the script set its own handler or the signal is ignored (`nohup`). SIGINT keeps
+    Python's own handler: the script sees KeyboardInterrupt, as it would untraced."""
 
     def __init__(self) -> None:
         self._saved: dict[int, Any] = {}
         self.forked = False
 
     def __enter__(self) -> _Sigterm:
-        self._saved = install((signal.SIGTERM,), self._handler, only_default=True)
+        self._saved = install((signal.SIGTERM, signal.SIGHUP), self._handler, only_default=True)
         return self
 
     def release(self) -> None:

@@ -53,10 +53,10 @@ def restore(saved: Mapping[Any, Any], only_if: Any = None) -> None:
 
 
 class StopSignals:
-    """SIGINT and SIGTERM raise `Stopped` while `armed` (the factory and the steps run); otherwise,
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) raise `Stopped` while `armed` (the factory and the steps run); otherwise,
     e.g. while the capture restores the hook dicts, they are only remembered in `pending`."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and threading.current_thread() is threading.main_thread()

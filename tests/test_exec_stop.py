@@ -1,0 +1,158 @@
+"""How a traced program is stopped (docs/contract.md, exit codes): the window closing in a training
+thread, a dropped terminal's SIGHUP, Ctrl-C while the factory loads. Real processes, as users run them."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import hooktrace
+
+THREADED = """
+import threading
+import torch
+
+order = []
+
+
+def train():
+    model = torch.nn.Linear(2, 2)
+    model.register_forward_hook(lambda m, a, o: order.append("forward"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    print("trainer done", len(order), flush=True)
+
+
+worker = threading.Thread(target=train, name="trainer")
+worker.start()
+worker.join()
+print("main done", flush=True)
+"""
+
+
+def _hooktrace(*args: str, cwd: Path, **kwargs: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hooktrace", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=300, **kwargs,  # type: ignore[call-overload]
+    )  # fmt: skip
+
+
+def test_the_window_closing_in_a_training_thread_raises_nothing_there(tmp_path: Path) -> None:
+    # hooktrace stopped the script by raising inside the thread that ran optimizer.step(): that thread
+    # printed hooktrace's own traceback and died, the main thread went on. Now nothing is raised in a
+    # thread of the script: the trace is written when the window closes, the script runs on untraced.
+    (tmp_path / "threaded.py").write_text(THREADED)
+    done = _hooktrace("exec", "--steps", "1", "-o", "t.json", "threaded.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "Stopped" not in done.stderr, done.stderr
+    assert "trainer done 4" in done.stdout and "main done" in done.stdout  # the thread ended as untraced
+    assert "window closed in thread 'trainer'" in done.stderr and "ran on untraced" in done.stderr
+    trace = hooktrace.load(tmp_path / "t.json")
+    assert [trace.hook(e.hook).kind for e in trace.hook_events()] == ["forward"]  # step 0 only
+
+
+def test_the_window_closing_in_the_main_thread_still_stops_the_script(tmp_path: Path) -> None:
+    (tmp_path / "plain.py").write_text(THREADED.replace("worker.start()\nworker.join()", "train()"))
+    done = _hooktrace("exec", "--steps", "1", "-o", "t.json", "plain.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "trainer done" not in done.stdout and "main done" not in done.stdout
+    assert "stopped the script there" in done.stderr
+
+
+SIGNALLED_FACTORY = """
+import os
+import signal
+
+import torch
+
+calls = []
+
+
+def maybe_stop(module, args, output):
+    calls.append(1)
+    if len(calls) == 3:
+        os.kill(os.getpid(), signal.SIGHUP)
+
+
+def make():
+    model = torch.nn.Linear(2, 1)
+    model.register_forward_hook(maybe_stop)
+    return model, torch.randn(1, 2)
+"""
+
+
+def _default_hup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # even when the tests run under nohup
+
+
+def test_sighup_stops_run_with_the_partial_trace(tmp_path: Path) -> None:
+    # SIGHUP (the terminal closed, an ssh session dropped) ended `run` with no trace, where SIGINT and
+    # SIGTERM keep the partial one.
+    (tmp_path / "hup.py").write_text(SIGNALLED_FACTORY)
+    done = _hooktrace("run", "hup.py", "--steps", "5", "-o", "t.json", cwd=tmp_path, preexec_fn=_default_hup)
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr
+    assert "stopped by SIGHUP: the trace above is partial" in done.stderr
+    trace = hooktrace.load(tmp_path / "t.json")
+    assert {e.step for e in trace.hook_events()} == {0, 1, 2}
+
+
+def test_sighup_stops_exec_with_the_partial_trace(tmp_path: Path) -> None:
+    scripts = Path(__file__).parent / "scripts"
+    out = tmp_path / "t.json"
+    done = _hooktrace(
+        "exec", "--steps", "5", "-o", str(out), "signals.py", "SIGHUP", cwd=scripts, preexec_fn=_default_hup
+    )
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr
+    assert "not stopped" not in done.stdout
+    assert "stopped by SIGHUP: the trace above is partial" in done.stderr
+    assert {e.step for e in hooktrace.load(out).events} == {0, 1, 2}
+
+
+def test_sighup_under_nohup_stays_ignored(tmp_path: Path) -> None:
+    # the nearest case where the rule must not fire: a signal the run was started ignoring stays so
+    (tmp_path / "hup.py").write_text(SIGNALLED_FACTORY)
+    ignore = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731
+    done = _hooktrace("run", "hup.py", "--steps", "5", "-o", "t.json", cwd=tmp_path, preexec_fn=ignore)
+    assert done.returncode == 0, done.stderr
+    assert {e.step for e in hooktrace.load(tmp_path / "t.json").hook_events()} == {0, 1, 2, 3, 4}
+
+
+LOADS_SLOWLY = """
+import os
+import signal
+
+import torch
+
+
+def make():
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the factory builds the model
+    return torch.nn.Linear(2, 1), torch.randn(1, 2)
+"""
+
+
+def test_ctrl_c_while_the_factory_loads_keeps_an_earlier_trace(tmp_path: Path) -> None:
+    # The earlier trace at -o was replaced by an empty one: nothing had run yet.
+    (tmp_path / "quick.py").write_text(SIGNALLED_FACTORY)
+    made = _hooktrace("run", "quick.py", "--steps", "2", "-o", "t.json", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    before = (tmp_path / "t.json").read_bytes()
+    (tmp_path / "slow.py").write_text(LOADS_SLOWLY)
+    done = _hooktrace("run", "slow.py", "-o", "t.json", cwd=tmp_path)
+    assert done.returncode == 130, done.stderr
+    assert "stopped by SIGINT while loading the target: nothing was traced" in done.stderr
+    assert "t.json is left as it was" in done.stderr
+    assert (tmp_path / "t.json").read_bytes() == before
+
+
+def test_ctrl_c_after_the_factory_loaded_writes_the_partial_trace(tmp_path: Path) -> None:
+    # the nearest case: once the steps run, a stop keeps what was traced (and replaces the file)
+    (tmp_path / "quick.py").write_text(SIGNALLED_FACTORY.replace("signal.SIGHUP", "signal.SIGINT"))
+    (tmp_path / "t.json").write_text("{}")
+    done = _hooktrace("run", "quick.py", "--steps", "5", "-o", "t.json", cwd=tmp_path)
+    assert done.returncode == 130, done.stderr
+    assert {e.step for e in hooktrace.load(tmp_path / "t.json").hook_events()} == {0, 1, 2}
