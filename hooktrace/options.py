@@ -34,6 +34,7 @@ _DEVICE = re.compile(r"(cpu|auto|meta|cuda(:\d+)?)")
 # after one or two: it stops at ten thousand too. --timeout is a finite number of seconds up to a week. --nproc: see
 # `max_nproc`.
 MAX_STEPS = 10_000
+MAX_WORLD_SIZE = 1 << 20  # more ranks than any job runs: a world size past it is refused, not listed
 MAX_WARMUP = 10_000
 MAX_TIMEOUT = 7 * 24 * 3600.0
 _MAX_SIZE = 2**63 - 1  # one --input size: what torch takes as a size at all

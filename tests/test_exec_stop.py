@@ -3,10 +3,13 @@ thread, a dropped terminal's SIGHUP, Ctrl-C while the factory loads. Real proces
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import hooktrace
 
@@ -156,3 +159,48 @@ def test_ctrl_c_after_the_factory_loaded_writes_the_partial_trace(tmp_path: Path
     done = _hooktrace("run", "quick.py", "--steps", "5", "-o", "t.json", cwd=tmp_path)
     assert done.returncode == 130, done.stderr
     assert {e.step for e in hooktrace.load(tmp_path / "t.json").hook_events()} == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--nproc", "99999999999"),
+        ("--nproc", "99999999999", "-o", "x.json"),
+        ("--steps", str(10**20)),
+        ("--steps", "99999999999"),
+        ("--start", str(10**20)),
+    ],
+    ids=["nproc", "nproc-o", "steps-huge", "steps", "start"],
+)
+def test_numbers_past_any_run_are_one_error_line(tmp_path: Path, args: tuple[str, ...]) -> None:
+    (tmp_path / "s.py").write_text("print('ran', flush=True)\n")
+    done = _hooktrace("exec", *args, "s.py", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "ran" not in done.stdout and not (tmp_path / "x.rank0.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("rank", "world"), [("0", "1000000000"), ("0", str(2**70)), ("5", "2"), ("-1", "2"), ("0", "0")]
+)
+def test_rank_and_world_size_no_launcher_sets_are_one_error_line(
+    tmp_path: Path, rank: str, world: str
+) -> None:
+    # exec wrote a trace claiming world_size 10**9 (and `ranks` then filled the memory), or stopped with
+    # an internal error past 64 bits.
+    (tmp_path / "s.py").write_text("print('ran', flush=True)\n")
+    env = dict(os.environ, RANK=rank, WORLD_SIZE=world)
+    done = _hooktrace("exec", "-o", "t.json", "s.py", cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "ran" not in done.stdout and not list(tmp_path.glob("t*.json"))
+
+
+def test_a_rank_a_launcher_sets_is_taken(tmp_path: Path) -> None:
+    # the nearest case: a real rank and world size are written to the rank's file
+    (tmp_path / "s.py").write_text("print('ran', flush=True)\n")
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2")
+    done = _hooktrace("exec", "-o", "t.json", "s.py", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    trace = hooktrace.load(tmp_path / "t.rank1.json")
+    assert (trace.meta.rank, trace.meta.world_size) == (1, 2)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..compare import Side, safe_lines
-from ..options import UsageError
+from ..options import UsageError, check_nproc
 from ..outputs import emit_page, is_html, output, rank_trace_path, stderr_line
 from ..runs.outcome import EXIT_OK, Shown, finish
 from .job import Job
@@ -25,6 +25,7 @@ def run_ranks(
     from . import run_ranks as launch  # read at the call: tests put a launcher of their own there
 
     out, fmt, quiet = shown.output, shown.fmt, shown.quiet
+    check_nproc(nproc)  # before the note that names the ranks' files
     if out is not None:
         stderr_line(rank_files_note(str(out), nproc))
     ranks = launch(

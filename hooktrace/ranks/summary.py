@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..analysis.ranks import compare_ranks
-from ..options import UsageError
+from ..options import MAX_WORLD_SIZE, UsageError
 from ..schema import Trace
 from .result import OK, RankOutcome, RanksResult
 
@@ -21,9 +21,6 @@ def _by_rank(traces: list[tuple[Path, Trace]]) -> dict[int, tuple[Path, Trace]]:
             raise UsageError(f"{by_rank[rank][0]} and {path} are both rank {rank}; give one file per rank")
         by_rank[rank] = (path, trace)
     return by_rank
-
-
-MAX_WORLD_SIZE = 1 << 20  # more ranks than any job runs: a trace that says more is refused, not listed
 
 
 def _missing(by_rank: dict[int, tuple[Path, Trace]]) -> tuple[int, list[int]]:

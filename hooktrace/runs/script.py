@@ -20,13 +20,22 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
 from ..analysis.counts import plural
-from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER, UsageError
+from ..options import (
+    MAX_WORLD_SIZE,
+    STEP_BACKWARD,
+    STEP_FORWARD,
+    STEP_ON,
+    STEP_OPTIMIZER,
+    UsageError,
+    check_steps,
+)
 from ..schema import Trace
 from .driver import Result, open_capture, stopped_in
 from .failure import describe_error, failing_event, script_frame
 from .stop import Stopped, install, restore
 from .uncaught import script_traceback
 
+MAX_START = 10**9  # steps a script runs before its window: far past any training run
 _STEP_WORDS = {STEP_OPTIMIZER: "optimizer.step()", STEP_BACKWARD: "outermost backward()",
                STEP_FORWARD: "outermost module call"}  # fmt: skip
 
@@ -42,10 +51,11 @@ class ExecOptions:
     shapes: bool = False  # record what each hook received and returned (`--shapes`)
 
     def check(self) -> ExecOptions:
-        if self.start < 0:
-            raise UsageError(f"--start {self.start}: give 0 or more steps to run untraced first")
-        if self.steps < 1:
-            raise UsageError(f"--steps {self.steps}: give at least 1")
+        if not 0 <= self.start <= MAX_START:
+            raise UsageError(
+                f"--start {_short(self.start)}: give 0 to {MAX_START:,} steps to run untraced first"
+            )
+        check_steps(self.steps)
         if self.step_on not in STEP_ON:
             raise UsageError(f"unknown --step-on {self.step_on!r}; use one of {', '.join(STEP_ON)}")
         return self
@@ -88,12 +98,28 @@ class Script:
 
 
 def _rank_meta() -> tuple[Optional[int], Optional[int]]:
-    """RANK / WORLD_SIZE as torchrun (or any launcher) sets them, else (None, None)."""
-    try:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except (KeyError, ValueError):
+    """RANK / WORLD_SIZE as torchrun (or any launcher) sets them, else (None, None). Numbers no
+    launcher sets (a rank outside 0..WORLD_SIZE-1, a world past MAX_WORLD_SIZE ranks) are a UsageError:
+    a trace must not claim them."""
+    rank_text, world_text = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank_text is None or world_text is None:
         return None, None
+    text = rank_text, world_text
+    if not all(t.strip().lstrip("-").isascii() and t.strip().lstrip("-").isdigit() for t in text):
+        return None, None
+    if max(len(t.strip()) for t in text) > 20:  # past 64 bits: not read as a number at all
+        raise UsageError(f"RANK={text[0][:24]!r} / WORLD_SIZE={text[1][:24]!r}: not a rank of a job")
+    rank, world = int(text[0]), int(text[1])
+    if not 0 < world <= MAX_WORLD_SIZE or not 0 <= rank < world:
+        raise UsageError(
+            f"RANK={rank} / WORLD_SIZE={world} is not a rank of a job: give 0 <= RANK < WORLD_SIZE <= {MAX_WORLD_SIZE}"
+        )
     return rank, world
+
+
+def _short(n: int) -> str:
+    text = str(n)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
 
 
 class _Window:
@@ -356,6 +382,7 @@ def run_script(
     Returns the result with the script's exit code. UsageError for a script that cannot be found."""
     options.check()
     script.check()
+    _rank_meta()  # RANK / WORLD_SIZE no launcher sets: said before the script runs
     window = _Window(script, options, on_trace, on_step)
     exception: Optional[BaseException] = None
     exit_code, exit_message, stopped_by = 0, None, None
