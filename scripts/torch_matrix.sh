@@ -27,7 +27,7 @@ versions=("$@")
 if [ ! -d "$dir/orders-$ref" ]; then
   have=$(python -c "import torch; print(torch.__version__.split('+')[0])")
   [ "$have" = "$ref" ] || { echo "error: the reference order files need torch $ref here, not $have" >&2; exit 2; }
-  scripts/sample_orders.sh "$dir/orders-$ref" >/dev/null
+  PYTHONPATH="$repo" scripts/sample_orders.sh "$dir/orders-$ref" >/dev/null
 fi
 
 for v in "${versions[@]}"; do
@@ -49,10 +49,10 @@ for v in "${versions[@]}"; do
   done
   echo "sample order files byte-equal to torch $ref's: $same, differing: ${#differ[@]} ${differ[*]}"
   if [ "${SUITE:-1}" != 0 ]; then
-    PATH="$venv/bin:$PATH" PYTHONPATH="$repo" "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider -rs \
+    PATH="$venv/bin:$PATH" PYTHONPATH="$repo" "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider -rfEs \
       >"$dir/suite-$v.log" 2>&1
     echo "suite: $(tail -n 1 "$dir/suite-$v.log")"
-    grep -E "^SKIPPED" "$dir/suite-$v.log" | sed 's/^/  /'
+    grep -E "^(SKIPPED|FAILED|ERROR)" "$dir/suite-$v.log" | sed 's/^/  /'
   fi
   [ "${KEEP:-0}" = 1 ] || rm -rf "$venv"
 done

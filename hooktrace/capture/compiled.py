@@ -156,7 +156,9 @@ def _signature_is(fn: Any, names: list[str]) -> bool:
 # (seq when the graph was compiled, trace ids of the hooks Dynamo compiled into it, in order)
 Graph = tuple[int, tuple[int, ...]]
 _INLINED = "_hooktrace_inlined_hooks"
+# torch 2.8 to 2.10: (parent, func, args, kwargs); 2.11 added allow_nested_graph_breaks (passed through)
 _INLINE_PARAMS = ["parent", "func", "args", "kwargs", "allow_nested_graph_breaks"]
+_INLINE_PARAMS_OLD = _INLINE_PARAMS[:4]
 _COMPILER_PARAMS = ["self", "gm", "example_inputs"]
 # the module dicts whose hooks `_call_impl` calls in forward, by kind
 _FORWARD_DICTS = kinds.dicts_of(kinds.MODULE, (kinds.K.forward_pre, kinds.K.forward))
@@ -207,7 +209,7 @@ class Forward:
             translator is None
             or graph_cls is None
             or not isinstance(vars(translator).get("inline_call"), classmethod)
-            or not _signature_is(inline, _INLINE_PARAMS)
+            or not (_signature_is(inline, _INLINE_PARAMS) or _signature_is(inline, _INLINE_PARAMS_OLD))
             or not _signature_is(compiler, _COMPILER_PARAMS)
         ):
             self.note = (

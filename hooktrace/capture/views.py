@@ -71,6 +71,17 @@ try:
     _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 except AttributeError:  # torch < 2.3
     _is_compiling = getattr(getattr(torch, "_dynamo", None), "is_compiling", lambda: False)
+if not hasattr(torch.compiler, "_compile_session_context"):  # torch < 2.13 (2.8 run)
+    # is_compiling() is True only inside Dynamo's traced frames, not all through a compile as from
+    # 2.13: AOTAutograd's own hooks (registered and fired while it traces) are then no user's; inside
+    # a compile, Dynamo's CompileContext is set
+    _torch_is_compiling = _is_compiling
+
+    def _is_compiling() -> bool:
+        if _torch_is_compiling():
+            return True
+        guards = sys.modules.get("torch._guards")
+        return guards is not None and guards.CompileContext.try_get() is not None
 
 
 def hooktrace_view(d: Any, owner: Any, attr: str) -> Any:
