@@ -156,7 +156,7 @@ def _signature_is(fn: Any, names: list[str]) -> bool:
 # (seq when the graph was compiled, trace ids of the hooks Dynamo compiled into it, in order)
 Graph = tuple[int, tuple[int, ...]]
 _INLINED = "_hooktrace_inlined_hooks"
-# torch 2.8 to 2.10: (parent, func, args, kwargs); 2.11 added allow_nested_graph_breaks (passed through)
+# torch 2.8: (parent, func, args, kwargs); 2.13 and 2.15 add allow_nested_graph_breaks (passed through)
 _INLINE_PARAMS = ["parent", "func", "args", "kwargs", "allow_nested_graph_breaks"]
 _INLINE_PARAMS_OLD = _INLINE_PARAMS[:4]
 _COMPILER_PARAMS = ["self", "gm", "example_inputs"]
