@@ -48,7 +48,8 @@ PHASES = (FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER_PHASE, OTHER)
 
 # What an event is (EVENT `type`).
 HOOK, ENTER, EXIT = "hook", "enter", "exit"
-EVENT_TYPES = (HOOK, ENTER, EXIT)
+GRAPH = "graph"  # a run of a graph torch.compile made (version 3): its hooks follow it, marked with it
+EVENT_TYPES = (HOOK, ENTER, EXIT, GRAPH)
 
 # `Kind.phase` of kinds that run inside a module call: the phase of that call (`forward`, or
 # `recompute` when the call started during backward), `forward` when no call is open.

@@ -15,12 +15,13 @@ from typing import IO, Any, Iterable, Iterator, NamedTuple, Optional
 
 from .io import TraceFormatError, dumps, gc_paused, write_json
 from .io.columns import columns_json, to_columns
-from .kinds import HOOK
+from .kinds import GRAPH, HOOK
 from .kinds import ROOT as ROOT  # re-exported: the data model names the root so
 
 FORMAT = "hooktrace.trace"
-VERSION = 2  # what `save` and `to_dict` write
-READS = (1, 2)  # the versions `load` and `from_dict` read
+VERSION = 2  # what `save` and `to_dict` write (a trace with `graph` events: GRAPH_VERSION)
+GRAPH_VERSION = 3  # version 2 plus `graph` events and the `graph` column (torch.compile)
+READS = (1, 2, 3)  # the versions `load` and `from_dict` read
 # Version 2 event columns that hold indices into a table: the format's four, and `thread` (see README).
 INDEXED = ("type", "phase", "kind", "module", "thread")  # not a kind: column names
 SURPRISE_LEVELS = ("warn", "info")
@@ -54,7 +55,7 @@ class Event(NamedTuple):
 
     seq: int
     step: int
-    type: str  # "hook" | "enter" | "exit"
+    type: str  # "hook" | "enter" | "exit" | "graph"
     phase: str  # "forward" | "backward" | "recompute" | "optimizer" | "other"
     module: Optional[str]
     hook: Optional[int]
@@ -66,13 +67,19 @@ class Event(NamedTuple):
     error: Optional[str]
     # what the hook received and returned (traced with --shapes), e.g. `(f32[8,16] cpu,) -> f32[8,4] cpu`
     shapes: Optional[str] = None
+    # torch.compile (version 3): the number of the compiled graph a `graph` event ran, or a hook
+    # event ran inside (with no Python call of its own: program order, no duration); else None
+    graph: Optional[int] = None
 
 
 EVENT_FIELDS = Event._fields
-# The columns every version 2 file has; `shapes` is written only when an event has one.
-REQUIRED_FIELDS = EVENT_FIELDS[:-1]
+# The columns every version 2 file has; `shapes` is written only when an event has one, and both
+# `shapes` and `graph` when an event has a graph (version 3).
+REQUIRED_FIELDS = EVENT_FIELDS[:-2]
 OPTIONAL_INDEXED = ("shapes",)  # optional columns that hold indices into a table of the same name
-_shapes_of = operator.itemgetter(-1)  # an event of another length is refused by io, whatever this says
+OPTIONAL_FIELDS = ("shapes", "graph")  # not a kind: column names
+_type_of = operator.itemgetter(2)
+_shapes_of = operator.itemgetter(12)  # an event of another length is refused by io, whatever this says
 
 
 @dataclass
@@ -197,16 +204,33 @@ class Trace:
             return {**self._head(), "events": events, "surprises": self._surprises()}
 
     def _columns(self) -> tuple[tuple[str, ...], tuple[str, ...], int]:
-        """The event columns to write (`shapes` only when traced), those that index a table, and how
-        many values an event has."""
-        if any(map(_shapes_of, self.events)):
+        """The event columns to write (`shapes` only when traced, `graph` only when a graph ran),
+        those that index a table, and how many values an event has."""
+        try:
+            graphs, shapes = self._has_graphs(), any(map(_shapes_of, self.events))
+        except IndexError:  # an event of another length: refused by io, whatever this says
+            graphs, shapes = True, True
+        if graphs:
             return EVENT_FIELDS, INDEXED + OPTIONAL_INDEXED, len(EVENT_FIELDS)
+        if shapes:
+            return EVENT_FIELDS[:-1], INDEXED + OPTIONAL_INDEXED, len(EVENT_FIELDS)
         return REQUIRED_FIELDS, INDEXED, len(EVENT_FIELDS)
+
+    def _has_graphs(self) -> bool:
+        return GRAPH in map(_type_of, self.events)
+
+    def graph_events(self) -> Iterator[Event]:
+        """Each run of a compiled graph (torch.compile's forward graphs, compiled autograd's)."""
+        return (e for e in self.events if e.type == GRAPH)
 
     def _head(self) -> dict[str, Any]:
         meta, modules = _record(self.meta), [_record(m) for m in self.modules]
         hooks = [_record(h) for h in self.hooks]
-        return {"format": FORMAT, "version": VERSION, "meta": meta, "modules": modules, "hooks": hooks}
+        try:
+            version = GRAPH_VERSION if self._has_graphs() else VERSION
+        except IndexError:  # an event of another length: refused by io, whatever this says
+            version = VERSION
+        return {"format": FORMAT, "version": version, "meta": meta, "modules": modules, "hooks": hooks}
 
     def _surprises(self) -> list[dict[str, Any]]:
         return [

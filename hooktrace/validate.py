@@ -15,11 +15,12 @@ from typing import Any, Callable, Container, Iterable, Optional, Sequence
 
 from .io import TraceFormatError, gc_paused, read_json, short
 from .io.columns import decode, from_columns, has_types, index_error, null_among, selector
-from .kinds import EVENT_TYPES, HOOK, KINDS, PHASES, SCOPES
+from .kinds import EVENT_TYPES, GRAPH, HOOK, KINDS, PHASES, SCOPES
 from .schema import (
     EVENT_FIELDS,
     FORMAT,
     INDEXED,
+    OPTIONAL_FIELDS,
     OPTIONAL_INDEXED,
     PREPEND_SOURCES,
     READS,
@@ -113,6 +114,7 @@ _COLUMN_TYPES: dict[str, set[type]] = {  # the Python types each event column ma
     "returned": {bool},
     "error": {str, _OR_NULL},
     "shapes": {str, _OR_NULL},
+    "graph": {int, _OR_NULL},
 }
 _COLUMN_VALUES: dict[str, set[Optional[str]]] = {
     "type": set(EVENT_TYPES),
@@ -154,7 +156,7 @@ def _v1_events(items: list[Any], hook_ids: set[int], parsed: bool) -> tuple[list
         else:
             for name, column in zip(REQUIRED_FIELDS, columns):
                 _check_values(name, column, parsed)
-            columns.append([None] * len(items))  # shapes
+            columns += [[None] * len(items), [None] * len(items)]  # shapes, graph
             by_name = dict(zip(EVENT_FIELDS, columns))
             _check_hook_events(list(map(operator.eq, by_name["type"], repeat(HOOK))), by_name, False)
             return _events(columns, by_name, hook_ids)
@@ -175,10 +177,11 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
     """Events of version 2, checked: the tables' values, the columns' types, every index inside its
     table (decoded as the events are built, no decoded column is kept); and their seqs."""
     found, tables = from_columns(
-        data, EVENT_FIELDS, INDEXED[:4], INDEXED[4:] + OPTIONAL_INDEXED, optional=OPTIONAL_INDEXED
+        data, EVENT_FIELDS, INDEXED[:4], INDEXED[4:] + OPTIONAL_INDEXED, optional=OPTIONAL_FIELDS
     )
     count = len(found[0] or ())
-    # only an optional column can be missing: `shapes` (traced without --shapes), null for every event
+    # only an optional column can be missing: `shapes` (traced without --shapes), `graph` (nothing
+    # ran compiled), null for every event
     columns = [[None] * count if c is None else c for c in found]
     for name, table in tables.items():
         if None in table:  # null stays null in the column itself
@@ -203,6 +206,7 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
         hook = tables["type"].index(HOOK) if HOOK in tables["type"] else None
         if any(s is not None and t != hook for t, s in zip(by_name["type"], by_name["shapes"])):
             raise TraceFormatError('events: a "shapes" value on an event that is not a hook call')
+    _check_graphs(tables["type"], by_name)
     try:
         decoded = [decode(c, tables[n]) if n in tables else c for n, c in by_name.items()]
     except KeyError:
@@ -212,6 +216,19 @@ def _v2_events(data: Any, hook_ids: set[int], parsed: bool) -> tuple[list[Event]
                 raise error from None
         raise
     return _events(decoded, by_name, hook_ids)
+
+
+def _check_graphs(types: list[Any], by_name: dict[str, list[Any]]) -> None:
+    """`graph` events have a graph number; only they and hook events have one (docs/format.md)."""
+    graphs = by_name["graph"]
+    if GRAPH not in types and graphs.count(None) == len(graphs):
+        return
+    graph = types.index(GRAPH) if GRAPH in types else None
+    hook = types.index(HOOK) if HOOK in types else None
+    for t, g in zip(by_name["type"], graphs):
+        if (t == graph and g is None) or (g is not None and t != graph and t != hook):
+            raise TraceFormatError('events: a "graph" event without a graph number, or one on an event '
+                                   "that is neither a graph run nor a hook call")  # fmt: skip
 
 
 def _check_hook_events(is_hook: Sequence[Any], by_name: dict[str, list[Any]], kind_ints: bool) -> None:
@@ -267,7 +284,7 @@ def _from_dict(data: Any, parsed: bool = False) -> Trace:
     version = data.get("version")
     if type(version) is not int or version not in READS:
         raise TraceFormatError(
-            f"unsupported trace version {short(version)}; this hooktrace reads versions 1 and 2"
+            f"unsupported trace version {short(version)}; this hooktrace reads versions 1, 2 and 3"
         )
     for key in ("meta", "modules", "hooks", "events", "surprises"):
         if key not in data:

@@ -6,8 +6,8 @@ Dynamo replays that append for a hook it compiled into a graph with `True` (it f
 a hook called as Python appends `False` — when its own frame is not compiled by Dynamo, which the
 exact-order tests ensure with `skip_code` on the hooks' code (it affects only frames run on their
 own, never inlining into a graph). So the record says which hooks ran as Python (those hooktrace
-must trace, in that order) and which ran inside the graph (those the `compiled` surprise may
-name), independently of hooktrace. With ordinary hooks (their frames compiled by Dynamo when
+must trace as Python calls, in that order) and which ran inside the graph (hook events of the
+graph's runs, `Event.graph`), independently of hooktrace. With ordinary hooks (their frames compiled by Dynamo when
 called as Python) the graphs, frames and results are compared too.
 """
 
@@ -184,19 +184,26 @@ def _compare(setup: str, how: str, fullgraph: bool, own_frames: bool) -> None:
         return
     named = {r_traced.labels[h] for s in trace.surprises if s.rule == "compiled" for h in s.hooks}
     python = r_traced.python()
+    # hook events of hooks that ran as Python; those inside a compiled graph carry its number
+    as_python = [
+        r_traced.labels[e.hook]
+        for e in trace.events
+        if e.type == "hook" and e.hook in r_traced.labels and e.graph is None
+    ]
     if how.startswith("method") and _INLINES_CALL_IMPL:
         # From torch 2.14 `m.compile()` has Dynamo trace into the module's own `_call_impl`
         # (external_utils.wrap_inline): the hooks it calls at a graph break run from compiled code,
         # not through hooktrace's copy. Each hook that ran as Python is traced in order, or named by
-        # the `compiled` surprise ("called from it"); every hook inside the graph is named.
-        assert order == [label for label in python if label not in named]
-        assert named >= r_traced.in_graph() - set(python)
+        # the `compiled` surprise ("called from it"); every hook inside the graph is an event.
+        assert as_python == [label for label in python if label not in named]
         assert named <= r_traced.in_graph() | set(python)
     else:
         # every hook that ran as Python is traced, in the order the hooks recorded themselves
-        assert order == python
-        # the `compiled` surprise names only hooks that did not run as Python: those inside the graph
-        assert named == r_traced.in_graph() - set(python)
+        assert as_python == python
+        # and every call inside a graph too: all of them in the record's order (Dynamo replays a
+        # compiled hook's append in program order), so the `compiled` surprise has nothing to name
+        assert order == [label for label, _ in r_traced.log]
+        assert not named
     if not named:
         assert not [s for s in trace.surprises if s.rule == "compiled"]
     assert not [s for s in trace.surprises if s.rule == "never-fired"]
@@ -354,7 +361,8 @@ def test_fullgraph_root_hook_is_a_python_call_only_when_it_ran_as_python(
 ) -> None:
     """Only what ran as Python is a Python hook call (issue 33 item 1). A torch.nn class is inlined
     whole by Dynamo (`wrap_inline`): the root hook runs inside the graph, 0 Python calls, and the
-    trace has no hook event, no `returned`, no `replaced-value` and one module call per forward. A
+    trace has no Python hook call (one compiled hook event per graph run), no `returned`, no
+    `replaced-value` and one module call per forward. A
     model class of the user's is run by PyTorch's `_call_impl` outside Dynamo (`torch.compile` wraps
     its bound `__call__`): the hook is called as Python, its returned value is used (the output is
     doubled untraced too), and the trace shows exactly those calls."""
@@ -369,15 +377,19 @@ def test_fullgraph_root_hook_is_a_python_call_only_when_it_ran_as_python(
     for a, b in zip(plain["outs"], traced["outs"]):
         assert torch.equal(a, b)
     trace = traced["trace"]
-    hook_events = [e for e in trace.events if e.type == "hook"]
+    hook_events = [e for e in trace.events if e.type == "hook" and e.graph is None]
+    in_graph = [e for e in trace.events if e.type == "hook" and e.graph is not None]
     enters = [e for e in trace.events if e.type == "enter" and e.module == ""]
     rules = {s.rule for s in trace.surprises}
-    assert len(hook_events) == plain["python"]  # one event per call that ran as Python, no more
+    assert len(hook_events) == plain["python"]  # one Python call per call that ran as Python, no more
     if cls == "torch.nn":
         assert plain["python"] == 0 and plain["log"] == [True, True]
-        assert len(enters) == 2 and "replaced-value" not in rules and "compiled" in rules
+        assert len(enters) == 2 and "replaced-value" not in rules and "compiled" not in rules
+        # the hook ran inside the graph at each forward: one compiled hook event per run, no time,
+        # nothing returned that hooktrace could see
+        assert len(in_graph) == 2 and not any(e.returned or e.duration_ns for e in in_graph)
     else:
-        assert plain["python"] == 2 and plain["log"] == [False, False]
+        assert plain["python"] == 2 and plain["log"] == [False, False] and not in_graph
         assert all(e.returned for e in hook_events) and "replaced-value" in rules
         # two module calls per forward, as PyTorch makes them: torch.compile's wrapper (named as the
         # model) and the model's own `__call__`, in which its hooks run

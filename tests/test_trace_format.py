@@ -29,7 +29,7 @@ def test_round_trip_writes_version_2_columns(tmp_path):
     assert data["format"] == "hooktrace.trace" and data["version"] == 2
     events = data["events"]
     # every field but `shapes`: traced without --shapes
-    assert events["count"] == 4 and list(events["columns"]) == list(Event._fields[:-1])
+    assert events["count"] == 4 and list(events["columns"]) == list(Event._fields[:-2])
     assert all(len(c) == 4 for c in events["columns"].values())
     tables = events["tables"]
     for name in ("type", "phase", "kind", "module", "thread"):
@@ -126,7 +126,7 @@ def test_version_1_files_written_by_hooktrace_before_version_2(tmp_path, name):
         ("{not json", "not valid JSON"),
         ("[]", "top level must be a JSON object"),
         ('{"format": "other"}', "not a hooktrace trace"),
-        ('{"format": "hooktrace.trace", "version": 3}', "unsupported trace version 3"),
+        ('{"format": "hooktrace.trace", "version": 4}', "unsupported trace version 4"),
         ('{"format": "hooktrace.trace", "version": true}', "unsupported trace version True"),
         ('{"format": "hooktrace.trace", "version": 1, "meta": {}}', "missing the 'modules' field"),
         (

@@ -241,11 +241,11 @@ def test_objects_the_process_froze_stay_frozen(tmp_path):
         gc.unfreeze()
 
 
-@pytest.mark.parametrize("at, values", [(0, 14), (4095, 12), (4096, 14), (5999, 1)])
+@pytest.mark.parametrize("at, values", [(0, 15), (4095, 13), (4096, 15), (5999, 1)])
 def test_events_of_another_length_are_not_saved(tmp_path, at, values):
     t = realistic(6000)
     t.events[at] = (tuple(t.events[at]) * 2)[:values]
-    with pytest.raises(TraceFormatError, match=rf"events\[{at}\] has {values} values, expected 13"):
+    with pytest.raises(TraceFormatError, match=rf"events\[{at}\] has {values} values, expected 14"):
         t.save(tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
 

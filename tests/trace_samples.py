@@ -42,7 +42,9 @@ def v1_dict(t: Trace) -> dict:
     """The version 1 document of `t`, as hooktrace wrote it before version 2."""
     d = t.to_dict()
     d["version"] = 1
-    d["events"] = [{k: v for k, v in e._asdict().items() if k != "shapes"} for e in t.events]  # v1 had none
+    d["events"] = [
+        {k: v for k, v in e._asdict().items() if k not in ("shapes", "graph")} for e in t.events
+    ]  # v1 had neither
     for s in d["surprises"]:
         del s["level"]
     return d

@@ -32,6 +32,7 @@ from ..kinds import (
     CLOSING_KINDS,
     ENTER,
     EXIT,
+    GRAPH,
     HOOK,
     RECOMPUTE,
     SAVED_TENSORS_KINDS,
@@ -39,6 +40,7 @@ from ..kinds import (
 )
 from ..schema import Event, Hook, Trace
 from .calls import Call, in_order, pair
+from .paths import _parent_path, _relative_tensor, contains, relative
 
 __all__ = [
     "CallTree",
@@ -53,26 +55,6 @@ __all__ = [
 ]
 
 SAVED_KINDS = SAVED_TENSORS_KINDS  # pack, then unpack
-
-
-def contains(outer: Optional[str], inner: Optional[str]) -> bool:
-    """`inner` is the module path `outer` or one of its descendants ("" is the root)."""
-    if outer is None or inner is None:
-        return False
-    return outer == "" or inner == outer or inner.startswith(outer + ".")
-
-
-def relative(child: Optional[str], parent: Optional[str]) -> Optional[str]:
-    """`child` relative to `parent`, so that `layers.0.fc` under `layers.0` equals `layers.1.fc`."""
-    if child is None or parent is None:
-        return child
-    if child == parent:
-        return ""
-    if parent == "":
-        return child
-    if child.startswith(parent + "."):
-        return child[len(parent) + 1 :]
-    return child
 
 
 class SavedTensors:
@@ -102,8 +84,9 @@ Leaf = Union[Event, SavedTensors]
 
 
 class Node:
-    """A container: `step`, `phase`, a module `call` (from enter/exit) or a `group` of one module's
-    hooks (backward, or hooks seen outside any call of their module)."""
+    """A container: `step`, `phase`, a module `call` (from enter/exit), a `group` of one module's
+    hooks (backward, or hooks seen outside any call of their module), or a `graph`: one run of a
+    compiled graph, holding the hooks it ran in program order."""
 
     __slots__ = (
         "kind",
@@ -121,6 +104,7 @@ class Node:
         "calls",
         "opened",
         "closing",
+        "graph",
     )
 
     def __init__(self, kind: str, e: Event, module: Optional[str] = None) -> None:
@@ -139,6 +123,7 @@ class Node:
         self.calls = 0  # module calls below (itself included), before pruning
         self.opened = kind == "call"  # a call on its thread's stack until its exit
         self.closing = False  # a group whose module's `backward` hook fired
+        self.graph: Optional[int] = None  # a `graph` node (a compiled graph's run): its number
 
     def __repr__(self) -> str:
         return f"<Node {self.kind} {self.module!r} step={self.step} {self.phase} #{self.first_seq}>"
@@ -147,11 +132,12 @@ class Node:
 class _PhaseBuilder:
     """Nesting of one (step, phase): one stack of open containers per thread."""
 
-    __slots__ = ("root", "stacks")
+    __slots__ = ("root", "stacks", "graphs")
 
     def __init__(self, root: Node) -> None:
         self.root = root
         self.stacks: dict[int, list[Node]] = {}
+        self.graphs: dict[tuple[int, int], Node] = {}  # (thread, graph number) -> its latest run
 
     def _close_groups(self, stack: list[Node], module: Optional[str]) -> None:
         while stack and not stack[-1].opened and not contains(stack[-1].module, module):
@@ -196,6 +182,8 @@ class _PhaseBuilder:
 
     def hook(self, e: Event, module: Optional[str]) -> None:
         stack = self.stacks.setdefault(e.thread, [])
+        if e.graph is not None and self._in_graph(e, stack):
+            return
         if module is None:  # belongs to no module: into what is open on its thread, but never into a
             # backward group that its module's `backward` hook already ended (it is another's node)
             while stack and stack[-1].kind == "group" and stack[-1].closing:
@@ -222,6 +210,18 @@ class _PhaseBuilder:
         top.children.append(e)
         if top.kind == "group" and e.kind in CLOSING_KINDS:
             top.closing = True
+
+    def _in_graph(self, e: Event, stack: list[Node]) -> bool:
+        """A graph's run is a container in what is open on its thread; the hooks it ran go into it."""
+        if e.type == HOOK:
+            run = self.graphs.get((e.thread, e.graph))  # type: ignore[arg-type]
+            if run is not None:
+                run.children.append(e)
+            return run is not None
+        run = self.graphs[(e.thread, e.graph)] = Node(GRAPH, e, e.module)  # type: ignore[index]
+        run.duration_ns, run.error, run.graph = e.duration_ns, e.error, e.graph
+        (stack[-1] if stack else self.root).children.append(run)
+        return True
 
 
 def _adopt(siblings: list[Any], group: Node) -> None:
@@ -410,10 +410,6 @@ class _Shapes:
         node.sig = self.intern((node.kind, phase, mtype, node.error, tuple(parts)))
 
 
-def _parent_path(path: Optional[str]) -> Optional[str]:
-    return path.rsplit(".", 1)[0] if path and "." in path else None
-
-
 def _by_checkpointed_module(phase: Node) -> list[Node]:
     """A recompute re-runs a checkpointed module's forward without calling the module itself, so its
     submodules' calls sit side by side in the phase (24 layers: 96 calls in a row). Consecutive calls
@@ -469,12 +465,6 @@ def _summarise_saved(node: Node) -> None:
             continue
         out.append(c)
     node.children = out
-
-
-def _relative_tensor(tensor: Optional[str], parent: Optional[str]) -> Optional[str]:
-    if tensor is None or not parent:
-        return tensor
-    return tensor.replace(parent + ".", "", 1)
 
 
 def runs(children: list[Any], expand: bool = False) -> Iterator[tuple[Any, list[Node]]]:

@@ -109,46 +109,6 @@ def _under(module: Optional[str], path: Optional[str]) -> bool:
     return module is not None and (path == "" or module == path or module.startswith(path + "."))
 
 
-# (step, hook ids in the graph's order) per run of a compiled-autograd backward graph
-BackwardRuns = Sequence[tuple[int, Sequence[int]]]
-
-
-def in_compiled_backward(trace: Trace, runs: BackwardRuns) -> list[Surprise]:
-    """One `compiled` surprise per distinct hook order of compiled autograd's backward graphs.
-
-    `runs`: what the capture read from each run (capture/compiled.py): the hooks that ran inside the
-    graph, in the graph's order, without those that ran as Python (traced as usual). Those hooks
-    have no Python call to trace; their order is the graph's, after compiled autograd's own
-    reordering, which is the order they ran in.
-    """
-    by_order: dict[tuple[int, ...], list[int]] = {}
-    for step, ids in runs:
-        by_order.setdefault(tuple(ids), []).append(step)
-    hooks = {h.id: h for h in trace.hooks}
-    out = []
-    for ids, steps in by_order.items():
-        named = [hooks[i] for i in ids if i in hooks]
-        if not named:
-            continue
-        n = len(steps)
-        order = " → ".join(f"`{h.name}` ({h.kind} on {_place(h)})" for h in named)
-        out.append(
-            Surprise(
-                rule="compiled",
-                message=(
-                    f"backward ran as a compiled-autograd graph ({n} run{'s' if n != 1 else ''}, "
-                    f"step{'s' if len(set(steps)) != 1 else ''} {_steps(steps)}): "
-                    f"{len(named)} hook call{'s' if len(named) != 1 else ''} ran inside it, not as Python "
-                    f"calls, so they are not traced one by one; in the graph's order, the order they ran in: "
-                    f"{order}"
-                ),
-                hooks=sorted(set(ids) & hooks.keys()),
-                events=[],
-            )
-        )
-    return out
-
-
 def _place(h: Any) -> str:
     if h.tensor:
         return h.tensor

@@ -31,7 +31,7 @@ from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .accumulating import accumulating
 from .calls import Call, in_order
 from .calls import calls as module_calls
-from .compiled import BackwardRuns, Graphs, Windows, compiled, in_compiled_backward
+from .compiled import Graphs, Windows, compiled
 from .firings import firings, hook_of, level_of, on_parameter, place, plural, where
 from .identity import identity
 from .never_fired import never_fired
@@ -441,25 +441,17 @@ def find_surprises(
     deleted: Collection[int] = frozenset(),
     compiled_calls: Optional[Windows] = None,
     replaced_nodes: Collection[int] = frozenset(),
-    compiled_backward: BackwardRuns = (),
     compiled_graphs: Optional[Graphs] = None,
 ) -> list[Surprise]:
     """Every rule over the trace, in the order of docs/surprises.md's table, then `compiled`. The capture's
     facts, when known: `deleted`, ids of hooks their own code took out of their dict again
     (remove_spectral_norm): they are no never-fired; `compiled_calls`, the module calls that ran
     compiled (capture/build.py `compiled_windows`); `replaced_nodes`, node hooks on an AccumulateGrad node
-    that their parameter's move to another dtype or device replaced; `compiled_backward`, the hooks that
-    ran inside compiled autograd's graphs, per run (capture/build.py `compiled_backward_runs`);
+    that their parameter's move to another dtype or device replaced;
     `compiled_graphs`, the hooks Dynamo compiled into each graph (capture/build.py `compiled_graphs`)."""
-    in_graph = compiled(trace, compiled_calls or {}, compiled_graphs) + in_compiled_backward(
-        trace, compiled_backward
-    )
+    in_graph = compiled(trace, compiled_calls or {}, compiled_graphs)
     # a trace analysed again (loaded) keeps its own `compiled` surprises: never_fired reads them
-    hidden = (
-        {hid for s in in_graph for hid in s.hooks}
-        if compiled_calls is not None or compiled_backward
-        else None
-    )
+    hidden = {hid for s in in_graph for hid in s.hooks} if compiled_calls is not None else None
     found: list[Surprise] = []
     for name, rule in RULES.items():
         if name == "never-fired":

@@ -51,8 +51,8 @@ class Pending:
     # node hooks on an AccumulateGrad node that their parameter's move (.to(), .double()) replaced
     replaced_nodes: set[int] = dataclasses.field(default_factory=set)
     shapes: Optional[list[tuple]] = None  # Recorder.shapes: (seq, received, returned) with --shapes
-    # compiled.Installed.runs: (enter seq, exit seq, hook ids) per run of a compiled-autograd graph
-    compiled_backward: list[tuple[int, int, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    # compiled.Runs.runs: each run of a compiled graph (Dynamo's forward graphs, compiled autograd's)
+    graph_runs: list[tuple] = dataclasses.field(default_factory=list)
     # compiled.Forward.graphs: (seq at compile, hook ids Dynamo compiled into the graph, in order)
     # None: not known (Dynamo was not patched)
     compiled_graphs: Optional[list[tuple[int, tuple[int, ...]]]] = dataclasses.field(default_factory=list)
@@ -88,26 +88,74 @@ def compiled_windows(pending: Pending) -> Windows:
     }
 
 
-def compiled_backward_runs(pending: Pending) -> list[tuple[int, tuple[int, ...]]]:
-    """Runs of compiled-autograd graphs, each as (its step, the hook ids that ran inside the graph,
-    in graph order): those whose shims recorded a Python call within the run (after a graph break)
-    are left out, as they are traced as usual. A fact of the capture; `analysis.compiled` says it."""
-    out: list[tuple[int, tuple[int, ...]]] = []
-    if not pending.compiled_backward:
-        return out
+def graph_rows(pending: Pending, hooks: dict[int, Hook]) -> list[tuple]:
+    """The `graph` events and the hook events of the hooks that ran inside each graph, as raw rows
+    of `build_events` (their sort keys place a graph's hooks after its run began, in the graph's
+    order, around the hooks of that run that ran as Python, which their shims traced as usual).
+
+    Each hook inside a graph is a hook event with the run's thread and start, no duration, and the
+    graph's number; its module: the module it was called for (a global hook's), else the hook's own.
+    """
+    rows: list[tuple] = []
+    if not pending.graph_runs:
+        return rows
+    start, paths = pending.start_ns, pending.paths
     calls = sorted((r[0], r[1]) for r in islice(pending.hook_calls, pending.n_hook_calls))
-    for enter, leave, ids in pending.compiled_backward:
+    for enter, leave, tid, t0, t1, number, backward, entries, error in pending.graph_runs:
+        phase = kinds.BACKWARD if backward else None
+        rows.append(
+            (
+                enter,
+                kinds.GRAPH,
+                phase,
+                None,
+                None,
+                None,
+                tid,
+                t0 - start,
+                t1 - t0,
+                False,
+                error,
+                None,
+                number,
+            )
+        )
         first, last = bisect.bisect(calls, (enter,)), bisect.bisect(calls, (leave,))
-        python = [hid for _seq, hid in calls[first:last]]
-        inside = []
-        for hid in ids:
-            if hid in python:
-                python.remove(hid)
-            else:
-                inside.append(hid)
-        if inside:
-            out.append((bisect.bisect_right(pending.step_starts, enter), tuple(inside)))
-    return out
+        python: dict[int, list[int]] = {}  # hook id -> seqs of its Python calls inside the run, first first
+        for seq, hid in calls[first:last]:
+            python.setdefault(hid, []).append(seq)
+        at, n = enter, len(entries) + 1
+        for i, (hid, module_key) in enumerate(entries):
+            ran = python.get(hid)
+            if ran:
+                at = ran.pop(0)  # traced by its shim: the next hooks of the graph come after it
+                continue
+            hook = hooks.get(hid)
+            if hook is None:
+                continue
+            path = paths.get(module_key) if module_key is not None else None
+            if path is None and hook.scope != kinds.GLOBAL:
+                path = hook.module
+            kind = hook.kind
+            key = at + (i + 1) / (n + 1)
+            rows.append(
+                (
+                    key,
+                    HOOK,
+                    _PHASE_OF_KIND.get(kind, kinds.OTHER),
+                    path,
+                    hid,
+                    kind,
+                    tid,
+                    t0 - start,
+                    0,
+                    False,
+                    None,
+                    None,
+                    number,
+                )
+            )
+    return rows
 
 
 def compiled_graphs(pending: Pending) -> Optional[dict[Optional[str], list[tuple[int, ...]]]]:
@@ -134,9 +182,11 @@ def compiled_graphs(pending: Pending) -> Optional[dict[Optional[str], list[tuple
 
 def _raw_to_event_seqs(pending: Pending) -> dict[int, int]:
     """Capture seqs of module-call enters -> the seq of their `enter` event in the trace."""
+    hooks = {r.id: r for r in pending.records}
     raw = sorted(
         [r[0] for r in islice(pending.hook_calls, pending.n_hook_calls)]
         + [s for r in islice(pending.module_calls, pending.n_module_calls) for s in r[:2]]
+        + [r[0] for r in graph_rows(pending, hooks)]  # type: ignore[arg-type]
     )
     return {seq: i for i, seq in enumerate(raw)}
 
@@ -184,14 +234,16 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
                 outcome is True,
                 error,
                 shapes_of(seq),
+                None,
             )
         )
     for enter, leave, phase, module_id, tid, t0, t1, error in islice(
         pending.module_calls, pending.n_module_calls
     ):
         path = paths.get(module_id)
-        append((enter, ENTER, phase, path, None, None, tid, t0 - start, t1 - t0, False, None, None))
-        append((leave, EXIT, phase, path, None, None, tid, t1 - start, 0, False, error, None))
+        append((enter, ENTER, phase, path, None, None, tid, t0 - start, t1 - t0, False, None, None, None))
+        append((leave, EXIT, phase, path, None, None, tid, t1 - start, 0, False, error, None, None))
+    raw += graph_rows(pending, hooks)
     raw.sort(key=itemgetter(0))
 
     starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
@@ -203,7 +255,21 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
     new = tuple.__new__  # Event's fields in order, without NamedTuple's Python-level __new__
     events: list[Event] = []
     add = events.append
-    for i, (seq, type_, phase, path, hid, kind, tid, t, duration, returned, error, shapes) in enumerate(raw):
+    for i, (
+        seq,
+        type_,
+        phase,
+        path,
+        hid,
+        kind,
+        tid,
+        t,
+        duration,
+        returned,
+        error,
+        shapes,
+        graph,
+    ) in enumerate(raw):
         while seq >= starts[step]:
             step += 1
         if type_ == HOOK:
@@ -214,11 +280,19 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
                     path = stack[-1][1]
         elif type_ == ENTER:
             open_calls.setdefault(tid, []).append((phase, path))
-        else:
+        elif type_ == EXIT:
             stack = open_calls.get(tid)
             if stack:
                 stack.pop()
-        add(new(Event, (i, step, type_, phase, path, hid, kind, tid, t, duration, returned, error, shapes)))
+        elif phase is None:  # a forward graph: in the module call open on its thread
+            stack = open_calls.get(tid)
+            phase, path = stack[-1] if stack else (kinds.FORWARD, None)
+        add(
+            new(
+                Event,
+                (i, step, type_, phase, path, hid, kind, tid, t, duration, returned, error, shapes, graph),
+            )
+        )
     return events
 
 

@@ -14,9 +14,11 @@ theirs can be seen. What can be read instead:
   shim (its hook id in its closure) or PyTorch's `BackwardHook` closure, whose `user_pre_hooks` /
   `user_hooks` hold the module's full backward hooks (shims too).
 
-Each run is kept as (enter seq, exit seq, hook ids in graph order); hooks of a run that still ran
-as Python (a graph break, e.g. PyTorch's multi-grad inner hook, which Dynamo never traces) are
-traced by their shims as usual and dropped from the run's list by the analysis.
+Each run is recorded through `Runs` (CURRENT.graph_runs of the capture open when it runs, so a
+graph compiled during an earlier capture is traced too): its hooks become hook events of the trace
+marked with the graph (capture/build.py); hooks of a run that still ran as Python (a graph break,
+e.g. PyTorch's multi-grad inner hook, which Dynamo never traces) are traced by their shims as usual
+and left out of the run's by the build.
 
 Lazy and guarded: the patch is installed only when `torch._dynamo` is already imported when the
 capture starts (an eager user never imports Dynamo because of hooktrace), and only on a torch whose
@@ -27,16 +29,83 @@ not traced, and the rest is.
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
+import threading
+import time
 import warnings
+import weakref
 from typing import Any, Callable, Optional
 
 from .. import kinds
 from . import shims
-from .ledger import Ledger
+from .ledger import CURRENT, Ledger
 
-# (enter seq, exit seq, hook ids in the graph's order) per run of a compiled-autograd graph
-Run = tuple[int, int, tuple[int, ...]]
+# One run of a compiled graph: (enter seq, exit seq, thread, start and end perf_counter_ns, graph
+# number, backward (compiled autograd's) or not, ((hook id, module key or None), ...) in the order
+# the graph runs them, the error it raised or None)
+Run = tuple[int, int, int, int, int, int, bool, tuple[tuple[int, Optional[int]], ...], Optional[str]]
+# (hook id, weak reference to the module it is called for, or None), as compiled into a graph
+Compiled = tuple[tuple[int, Any], ...]
+_NUMBERS = itertools.count(1)  # the graphs hooktrace saw compiled, numbered in the process
+
+
+class Runs:
+    """The runs of compiled graphs during one capture (`record_run` is CURRENT.graph_runs while it
+    is open)."""
+
+    def __init__(self, rec: shims.Recorder) -> None:
+        self.runs: list[Run] = []
+        self._rec = rec
+
+    def record_run(
+        self, number: int, backward: bool, hooks: Compiled, fn: Any, args: Any, kwargs: Any
+    ) -> Any:
+        rec = self._rec
+        entries = tuple((hid, _key(rec, ref)) for hid, ref in hooks)
+        enter, tid, t0 = next(rec.seq), threading.get_ident(), time.perf_counter_ns()
+        error = None
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:
+            error = shims.error_text(e)
+            raise
+        finally:
+            t1 = time.perf_counter_ns()
+            self.runs.append((enter, next(rec.seq), tid, t0, t1, number, backward, entries, error))
+
+
+def _key(rec: shims.Recorder, ref: Any) -> Optional[int]:
+    module = ref() if ref is not None else None
+    return None if module is None else rec.module_key(module)
+
+
+def _graph_runner(fn: Any, number: int, hooks: Compiled) -> Callable[..., Any]:
+    """What Dynamo installs for a compiled forward graph holding hooks: `fn`, each run recorded into
+    the capture open then (none: `fn` alone)."""
+
+    def hooktrace_graph_run(*args: Any, **kwargs: Any) -> Any:
+        runs = CURRENT.graph_runs
+        if runs is None:
+            return fn(*args, **kwargs)
+        return runs(number, False, hooks, fn, args, kwargs)
+
+    if getattr(fn, "_boxed_call", False):  # called with one list of arguments: passed on as it is
+        hooktrace_graph_run._boxed_call = True  # type: ignore[attr-defined]
+    return hooktrace_graph_run
+
+
+def _recompiled(fn: Any) -> Any:
+    """What Dynamo does itself to a lazy graph module the backend returns (compiles its code now),
+    which it cannot see once `fn` is wrapped: the same, before wrapping."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    lazy = fn if isinstance(fn, _LazyGraphModule) else getattr(fn, "__self__", None)
+    if not isinstance(lazy, _LazyGraphModule) or (lazy is not fn and fn.__name__ != "_lazy_forward"):
+        return fn
+    _LazyGraphModule.force_recompile(lazy)
+    return fn if lazy is fn else lazy.forward
+
 
 _END_CAPTURE_PARAMS = ["self", "outputs"]
 _RUNTIME_PARAMS = ["compiled_fn", "inputs", "sizes", "scalars", "hooks", "packed_inputs"]
@@ -87,7 +156,6 @@ class Installed:
     is not installed."""
 
     def __init__(self, rec: shims.Recorder, ledger: Ledger) -> None:
-        self.runs: list[Run] = []
         self.note: Optional[str] = None
         if "torch._dynamo" not in sys.modules:
             return  # never imports Dynamo: compiled autograd needs it imported before backward runs
@@ -109,24 +177,23 @@ class Installed:
                 "hooktrace reads; hooks inside a compiled-autograd backward graph are not traced"
             )
             return
-        runs = self.runs
-        counter = rec.seq
 
         def end_capture(instance: Any, outputs: Any) -> Any:
             runtime_wrapper, compiled = original(instance, outputs)
             slots = _hook_slots(instance.fx_tracer.graph, call_hook)
             if not slots or not _signature_is(runtime_wrapper, _RUNTIME_PARAMS):
                 return runtime_wrapper, compiled
+            number = next(_NUMBERS)
 
             def hooktrace_compiled_backward(
                 compiled_fn: Any, inputs: Any, sizes: Any, scalars: Any, hooks: Any, packed_inputs: Any
             ) -> Any:
-                enter = next(counter)
-                ids = tuple(i for slot in slots if slot < len(hooks) for i in hook_ids(hooks[slot]))
-                try:
+                runs = CURRENT.graph_runs
+                if runs is None:
                     return runtime_wrapper(compiled_fn, inputs, sizes, scalars, hooks, packed_inputs)
-                finally:
-                    runs.append((enter, next(counter), ids))
+                ids = tuple((i, None) for slot in slots if slot < len(hooks) for i in hook_ids(hooks[slot]))
+                args = (compiled_fn, inputs, sizes, scalars, hooks, packed_inputs)
+                return runs(number, True, ids, runtime_wrapper, args, {})
 
             return hooktrace_compiled_backward, compiled
 
@@ -155,6 +222,8 @@ def _signature_is(fn: Any, names: list[str]) -> bool:
 
 # (seq when the graph was compiled, trace ids of the hooks Dynamo compiled into it, in order)
 Graph = tuple[int, tuple[int, ...]]
+# inlined hooks are kept as (trace id, hook object, weak reference to the module or None): the hook
+# object is held while its id is, so the id names no other object meanwhile
 _INLINED = "_hooktrace_inlined_hooks"
 # torch 2.8: (parent, func, args, kwargs); 2.13 and 2.15 add allow_nested_graph_breaks (passed through)
 _INLINE_PARAMS = ["parent", "func", "args", "kwargs", "allow_nested_graph_breaks"]
@@ -254,22 +323,26 @@ class Forward:
         def call_user_compiler(output: Any, gm: Any, example_inputs: Any) -> Any:
             compiled = original_compiler(output, gm, example_inputs)
             inlined = getattr(output, _INLINED, None)
-            if inlined:
-                graphs.append((next(counter), tuple(inlined)))
-                inlined.clear()
-            return compiled
+            if not inlined:
+                return compiled
+            graphs.append((next(counter), tuple(hid for hid, _hook, _ref in inlined)))
+            hooks = tuple((hid, ref) for hid, _hook, ref in inlined)
+            inlined.clear()
+            return _graph_runner(_recompiled(compiled), next(_NUMBERS), hooks)
 
         call_user_compiler.__wrapped__ = original_compiler  # type: ignore[attr-defined]
         self._ledger.set(translator, "inline_call", classmethod(inline_call))
         self._ledger.set(graph_cls, "call_user_compiler", call_user_compiler)
 
-    def _hook_ids(self, parent: Any, fn: Any, args: Any) -> list[int]:
-        """Trace ids of the forward hook `fn` is, global or of the module among `args` (the first
-        argument; after a partial's own arguments or a callable object's `self`)."""
+    def _hook_ids(self, parent: Any, fn: Any, args: Any) -> list[tuple[int, Any, Any]]:
+        """(trace id, hook, weak reference to the module) of the forward hook `fn` is, global or of
+        the module among `args` (the first argument; after a partial's own arguments or a callable
+        object's `self`)."""
         import torch.nn.modules.module as nn_module
 
         module = next((m for m in (_module_of(parent, a) for a in args[:4]) if m is not None), None)
-        found = []
+        found: list[tuple[int, Any, Any]] = []
+        ref = None if module is None else weakref.ref(module)
         dicts_of: list[tuple[Any, str]] = [
             (getattr(nn_module, name, None), kind) for name, kind in _GLOBAL_DICTS
         ]
@@ -280,7 +353,7 @@ class Forward:
                 continue
             for hid, hook in list(d.items()):
                 if _calls(hook, fn):
-                    found.append(self._trace_id(d, hid))
+                    found.append((self._trace_id(d, hid), hook, ref))
                     return found  # one inline is one call of one hook
         return found
 

@@ -42,6 +42,8 @@ CALLS_USER_CODE = frozenset(
         "run_compiled",
         "hooktrace_compiled_forward",
         "hooktrace_compiled_backward",
+        "hooktrace_graph_run",
+        "record_run",
     }
 )
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the hooktrace package folder

@@ -25,10 +25,20 @@ class Current:
     window) that autograd-node, saved-tensor and DDP comm registrations report to. viewer,
     on_output, run_compiled: the capture's views of the hook dicts and module-call callbacks
     (capture/views.py). on_step_end: the end of an outermost `optimizer.step()` (capture/steps.py).
+    graph_runs: what records each run of a graph torch.compile made (capture/compiled.py).
     Only a `Ledger` sets them, so they are restored with the patches; `Ledger.claim` refuses a slot
     another capture holds."""
 
-    __slots__ = ("session", "interceptor", "callbacks", "viewer", "on_output", "run_compiled", "on_step_end")
+    __slots__ = (
+        "session",
+        "interceptor",
+        "callbacks",
+        "viewer",
+        "on_output",
+        "run_compiled",
+        "on_step_end",
+        "graph_runs",
+    )
 
     def __init__(self) -> None:
         self.session: Any = None  # the capture of the `hooktrace.trace()` session that is open
@@ -38,6 +48,7 @@ class Current:
         self.on_output: Optional[Callable[[Any, Any], None]] = None
         self.run_compiled: Optional[Callable[..., Any]] = None
         self.on_step_end: Optional[Callable[[], None]] = None
+        self.graph_runs: Optional[Callable[..., Any]] = None  # compiled.Runs.run
 
 
 CURRENT = Current()

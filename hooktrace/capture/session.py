@@ -80,6 +80,7 @@ class Capture:
         self._walk_mark = 0
         self._module_call: Any = None
         self._compiled: Optional[compiled.Installed] = None
+        self._graph_runs: Optional[compiled.Runs] = None
         self._forward_compiled: Optional[compiled.Forward] = None
         self._lock = threading.Lock()  # registration callbacks on other threads vs. the end of the block
         self._active = False
@@ -196,6 +197,8 @@ class Capture:
         optim.install(ledger)
         autograd.install(self, ledger)
         hookapis.install(hookapis.Tracer(self._book, self._site, self._lock, lambda: self._active), ledger)
+        self._graph_runs = compiled.Runs(self._rec)
+        ledger.claim("graph_runs", self._graph_runs.record_run, "compiled-graph runs")
         self._compiled = compiled.Installed(self._rec, ledger)
         if self._compiled.note is not None:
             warnings.warn(self._compiled.note, RuntimeWarning, stacklevel=3)
@@ -228,8 +231,8 @@ class Capture:
                 self.pending = ending.snapshot(
                     self._book, self._rec, self._meta, self._start_ns, self._paths, self._roots, final
                 )
-                if self._compiled is not None:
-                    self.pending.compiled_backward = self._compiled.runs
+                if self._graph_runs is not None:
+                    self.pending.graph_runs = self._graph_runs.runs
                 f = self._forward_compiled
                 if f is not None:
                     self.pending.compiled_graphs = f.graphs if f.installed and f.note is None else None
@@ -399,10 +402,10 @@ class TraceSession:
         describe: Optional[Callable[[Trace], str]] = None,
         shapes: bool = False,
     ) -> None:
-        """`analyse(trace, deleted=ids, compiled_calls=windows, compiled_backward=runs)`: the trace's
+        """`analyse(trace, deleted=ids, compiled_calls=windows, compiled_graphs=graphs)`: the trace's
         surprises, made when it is built from the capture's facts (ids: hooks their own code took out of
-        their dict; windows: the module calls that ran compiled, `build.compiled_windows`; runs: the
-        hooks inside compiled autograd's graphs, `build.compiled_backward_runs`); `describe(trace)`:
+        their dict; windows: the module calls that ran compiled, `build.compiled_windows`; graphs: the
+        hooks Dynamo compiled into graphs, `build.compiled_graphs`); `describe(trace)`:
         the counts the session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
         `analysis.counts.summary`: the capture analyses nothing. `shapes`: record what each hook
         received and returned (capture/shapes.py; `--shapes`)."""
@@ -465,7 +468,6 @@ class TraceSession:
                         deleted=pending.deleted,
                         compiled_calls=build.compiled_windows(pending),
                         replaced_nodes=pending.replaced_nodes,
-                        compiled_backward=build.compiled_backward_runs(pending),
                         compiled_graphs=build.compiled_graphs(pending),
                     )
             self._trace = trace

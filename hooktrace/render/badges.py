@@ -11,7 +11,7 @@ import re
 from typing import Iterable, Optional
 
 from ..analysis.counts import plural  # noqa: F401  (re-exported for the renderers)
-from ..kinds import GLOBAL, OPTIMIZER_PHASE, PHASES, RECOMPUTE
+from ..kinds import BACKWARD, GLOBAL, OPTIMIZER_PHASE, PHASES, RECOMPUTE
 from ..schema import ROOT, Event, Hook, Meta, is_internal_error
 from .safe import safe_text
 
@@ -29,6 +29,8 @@ BADGES = {
     "registered_during_run": "registered during run",
     "returned": "returned",
     "error": "error",
+    # a hook call inside a graph torch.compile made: program order only, no Python call, no duration
+    "compiled": "compiled",
 }
 
 PHASE_TITLES = {
@@ -79,7 +81,15 @@ def badges(h: Optional[Hook], events: Iterable[Event] = ()) -> list[str]:
         out.append(BADGES["returned"])
     if any(e.error is not None and not is_internal_error(e.error) for e in events):
         out.append(BADGES["error"])  # checkpoint's own early stop is PyTorch's, not an error
+    if any(e.graph is not None for e in events):
+        out.append(BADGES["compiled"])
     return out
+
+
+def graph_title(number: Optional[int], phase: str) -> str:
+    """What a run of a compiled graph is called: Dynamo's forward graphs and compiled autograd's."""
+    what = "compiled autograd graph" if phase == BACKWARD else "torch.compile graph"
+    return f"{what} {number} (hooks in program order)"
 
 
 def hook_name(h: Optional[Hook], hook_id: Optional[int]) -> str:

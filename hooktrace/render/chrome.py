@@ -17,9 +17,9 @@ from dataclasses import asdict
 from typing import Any, Optional
 
 from ..analysis.calls import in_order, pair
-from ..kinds import ENTER, GLOBAL, HOOK
+from ..kinds import ENTER, GLOBAL, GRAPH, HOOK
 from ..schema import FORMAT, ROOT, VERSION, Event, Hook, Trace, is_internal_error
-from .badges import DRY_RUN_NOTE, FIRST_CALL, first_call_traced, times_note
+from .badges import DRY_RUN_NOTE, FIRST_CALL, first_call_traced, graph_title, times_note
 from .safe import UNSAFE_CHARS
 
 
@@ -53,6 +53,8 @@ def _hook_event(e: Event, h: Optional[Hook], pid: int, tid: int) -> dict[str, An
     args.update(returned=e.returned, error=e.error, thread=e.thread)
     if e.shapes is not None:  # traced with --shapes: what the hook received and returned
         args["shapes"] = e.shapes
+    if e.graph is not None:  # ran inside this compiled graph: program order only, no duration
+        args["graph"] = e.graph
     return {
         "name": name,
         "cat": e.phase,
@@ -96,6 +98,44 @@ def _call_event(
     }
 
 
+def _graph_event(e: Event, names: list[str], pid: int, tid: int) -> dict[str, Any]:
+    """One run of a compiled graph: a span holding its hooks (zero-length, in program order)."""
+    return {
+        "name": f"{graph_title(e.graph, e.phase)}: {', '.join(names)}",
+        "cat": e.phase,
+        "ph": "X",
+        "ts": _us(e.start_ns),
+        "dur": _us(e.duration_ns),
+        "pid": pid,
+        "tid": tid,
+        "args": {  # not a kind: the keys are Event's field names
+            "kind": "compiled_graph",
+            "graph": e.graph,
+            "module": e.module,
+            "phase": e.phase,
+            "step": e.step,
+            "seq": e.seq,
+            "hooks": names,
+            "error": e.error,
+            "thread": e.thread,
+        },
+    }
+
+
+def _graph_hooks(events: list[Event], hooks: dict[int, Hook]) -> dict[int, list[str]]:
+    """Seq of each graph run -> the names of the hooks it ran (those after it with its graph number
+    on its thread), in program order."""
+    latest: dict[tuple[int, Optional[int]], list[str]] = {}
+    out: dict[int, list[str]] = {}
+    for e in events:
+        if e.type == GRAPH:
+            out[e.seq] = latest[(e.thread, e.graph)] = []
+        elif e.graph is not None and (e.thread, e.graph) in latest:
+            h = hooks.get(e.hook) if e.hook is not None else None
+            latest[(e.thread, e.graph)].append(h.name if h is not None else f"<unknown hook {e.hook}>")
+    return out
+
+
 def chrome_events(trace: Trace) -> list[dict[str, Any]]:
     """The `traceEvents` list: metadata first, then spans in `seq` order, then surprises."""
     pid = trace.meta.rank if trace.meta.rank is not None else 0
@@ -127,8 +167,11 @@ def chrome_events(trace: Trace) -> list[dict[str, Any]]:
             {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
         )
     exits_with_enter = {c.exit for c in by_enter.values()}
+    in_graph = _graph_hooks(events, hooks)
     for e in events:
-        if e.type == HOOK:
+        if e.type == GRAPH:
+            out.append(_graph_event(e, in_graph.get(e.seq, []), pid, tids[e.thread]))
+        elif e.type == HOOK:
             hook = hooks.get(e.hook) if e.hook is not None else None
             out.append(_hook_event(e, hook, pid, tids[e.thread]))
         elif e.type == ENTER:

@@ -24,13 +24,14 @@ from ..analysis import calltree as ct
 from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
 from ..analysis.hiding import hidden_of
-from ..kinds import BACKWARD, FORWARD, OPTIMIZER_PHASE, OTHER, RECOMPUTE, TABLE, K
+from ..kinds import BACKWARD, FORWARD, GRAPH, OPTIMIZER_PHASE, OTHER, RECOMPUTE, TABLE, K
 from ..kinds import FAMILIES as KIND_FAMILIES
 from ..kinds import GLOBAL as GLOBAL_SCOPE
 from ..schema import Event, Trace, is_internal_error
 from .badges import (
     DRY_RUN_NOTE,
     badges,
+    graph_title,
     hook_name,
     module_name,
     plural,
@@ -248,6 +249,10 @@ class _Emitter:
                     fillcolor=PHASE_FILL.get(node.phase, PHASE_FILL[OTHER]), color="#9e9e9e", fontsize="11"
                 )
                 self.used.add(f"phase_{node.phase}")
+            elif node.kind == GRAPH:  # one run of a compiled graph: its hooks, in program order
+                title = _esc(graph_title(node.graph, node.phase))
+                attrs.update(style="rounded,filled,dotted", color="#8e24aa", penwidth="2")
+                self.used.add(GRAPH)
             else:
                 mtype = self.tree.types.get(node.module) if node.module is not None else None
                 title = _esc(module_name(node.module) + (f" ({mtype})" if mtype else ""))
@@ -286,6 +291,8 @@ class _Emitter:
             ("group", ("dashed box", "a module's hooks in backward, or under checkpoint"),
              {"style": "rounded,dashed", "fillcolor": "white"}),
             ("more", ("×N more", "identical blocks collapsed"), MORE),
+            (GRAPH, ("dotted box", "a compiled graph's run: hooks in program order, no time"),
+             {"style": "rounded,dotted", "fillcolor": "white", "color": "#8e24aa"}),
         ]  # fmt: skip
         entries += [(lines, attrs) for key, lines, attrs in extra if key in self.used]
         for phase, note in PHASE_NOTES.items():

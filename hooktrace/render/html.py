@@ -34,6 +34,7 @@ from ..kinds import (
     ENTER,
     FORWARD,
     GLOBAL,
+    GRAPH,
     OPTIMIZER_PHASE,
     OTHER,
     PHASES,
@@ -52,7 +53,7 @@ _HIDDEN = re.compile(f"[{UNSAFE_CHARS}]")
 __all__ = ["diff_html", "html_report", "ranks_html", "report_data", "trace_data", "words"]
 
 # Row types of the flattened tree (report.js reads the same numbers).
-STEP, PHASE, CALL, GROUP, HOOK, SAVED, REPEAT = range(7)
+STEP, PHASE, CALL, GROUP, HOOK, SAVED, REPEAT, GRAPH_ROW = range(8)
 _ESCAPES = {
     ord("<"): "\\u003c",
     ord(">"): "\\u003e",
@@ -183,8 +184,9 @@ def _tree_rows(trace: Trace) -> _Rows:
             todo += [("item", e, depth + 1) for e in reversed(item.events)]
             continue
         node: Node = item  # type: ignore[assignment]
-        kind = {"step": STEP, "phase": PHASE, "call": CALL, "group": GROUP}[node.kind]
+        kind = {"step": STEP, "phase": PHASE, "call": CALL, "group": GROUP, GRAPH: GRAPH_ROW}[node.kind]
         extra = node.step if kind == STEP else rows.string(node.phase) if kind == PHASE else node.hooks
+        extra = (node.graph or 0) if kind == GRAPH_ROW else extra
         i = rows.add(kind, depth, node.first_seq, node.last_seq, node.module, extra)
         if node.error is not None:
             rows.errors[i] = node.error

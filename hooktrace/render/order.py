@@ -47,7 +47,7 @@ MODULE_WIDTH = 12  # likewise module paths up to 11 characters
 # word however it was known (registered with prepend=True, or inferred from its position): how it
 # was known depends on when the hook was registered, not on the order.
 _HOOK_BADGES = ("prepend", GLOBAL, "with_kwargs", "always_call", "registered_during_run")
-_EVENT_BADGES = ("returned", "error")
+_EVENT_BADGES = ("returned", "error", "compiled")
 _WORDS = {BADGES[b]: b for b in _HOOK_BADGES + _EVENT_BADGES}
 _WORDS[BADGES["prepend_inferred"]] = "prepend"
 
@@ -133,9 +133,17 @@ def _line(e: Event, h: Optional[Hook], keys: dict) -> str:
         if h.module != _owner_of(h.scope, e.module):
             fields += ["of", _module_token(h.module)]
     flags = [b for b in _HOOK_BADGES if h is not None and _hook_flag(h, b)]
-    flags += [b for b in _EVENT_BADGES if (e.returned if b == "returned" else _raised(e))]
+    flags += [b for b in _EVENT_BADGES if _event_flag(e, b)]
     fields += [f"[{BADGES[b]}]" for b in flags]
     return " ".join(fields).rstrip()
+
+
+def _event_flag(e: Event, badge: str) -> bool:
+    if badge == "returned":
+        return e.returned
+    if badge == "compiled":  # inside a compiled graph (its number varies from process to process)
+        return e.graph is not None
+    return _raised(e)
 
 
 def _raised(e: Event) -> bool:
@@ -330,5 +338,6 @@ def _parse_line(line: str) -> tuple[tuple, Hook, Event]:
     if hook.prepend:
         hook.prepend_source = "registration"
     error = "error" if "error" in flags else None
-    event = Event(0, step, HOOK, phase, module, None, kind, 0, 0, 0, "returned" in flags, error)
+    graph = 0 if "compiled" in flags else None  # a graph's number is not in the text
+    event = Event(0, step, HOOK, phase, module, None, kind, 0, 0, 0, "returned" in flags, error, None, graph)
     return ((scope, owner, tensor, kind, name), occurrence), hook, event

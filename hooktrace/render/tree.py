@@ -25,7 +25,7 @@ from ..analysis.calltree import CallTree, Node, SavedTensors
 from ..analysis.counts import count
 from ..analysis.hiding import hidden_of, hide
 from ..io import gc_paused
-from ..kinds import ENTER, GLOBAL, HOOK, PHASES, TABLE, K
+from ..kinds import ENTER, GLOBAL, GRAPH, HOOK, PHASES, TABLE, K
 from ..options import UsageError, module_path
 from ..schema import Event, Trace, is_internal_error
 from .badges import (
@@ -35,6 +35,7 @@ from .badges import (
     badges,
     first_call_traced,
     fmt_ns,
+    graph_title,
     hook_name,
     info_line,
     location,
@@ -128,7 +129,7 @@ class _Drawer:
                 b.append(w, style=BADGE_STYLES.get(w.split()[0], "blue"))
             b.append("]")
             segs.append((" ", b))
-        if self.times:
+        if self.times and e.graph is None:  # a hook inside a graph has no time of its own
             segs.append(("  ", Text(fmt_ns(e.duration_ns), style="dim")))
         where = location(h.defined_at, self.meta) if h is not None else ""
         if where:
@@ -162,13 +163,16 @@ class _Drawer:
         return _pack(segs, self.width - col)
 
     def node_label(self, node: Node, col: int) -> Text:
-        name = Text(module_name(node.module), style="bold")
-        mtype = self.ctree.types.get(node.module) if node.module is not None else None
-        if mtype:
-            name.append(f" {safe_text(mtype)}", style="dim")
+        if node.kind == GRAPH:
+            name = Text(graph_title(node.graph, node.phase), style="bold magenta")
+        else:
+            name = Text(module_name(node.module), style="bold")
+            mtype = self.ctree.types.get(node.module) if node.module is not None else None
+            name.append(f" {safe_text(mtype)}" if mtype else "", style="dim")
         segs: list[tuple[str, Text]] = [("", name)]
-        if node.kind == "call":
-            segs.append(("  ", Text(f"call #{node.first_seq}–#{node.last_seq}", style="dim")))
+        if node.kind in ("call", GRAPH):
+            what = "call" if node.kind == "call" else "run"
+            segs.append(("  ", Text(f"{what} #{node.first_seq}–#{node.last_seq}", style="dim")))
             if self.times:
                 segs.append(("  ", Text(fmt_ns(node.duration_ns), style="dim")))
         if is_internal_error(node.error):

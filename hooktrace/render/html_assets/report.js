@@ -3,7 +3,7 @@
  * shows control and bidi characters as visible escapes (as hooktrace's safe_text does). */
 "use strict";
 (function () {
-  const ROW = { STEP: 0, PHASE: 1, CALL: 2, GROUP: 3, HOOK: 4, SAVED: 5, REPEAT: 6 };
+  const ROW = { STEP: 0, PHASE: 1, CALL: 2, GROUP: 3, HOOK: 4, SAVED: 5, REPEAT: 6, GRAPH: 7 };
   const ROW_H = 22;
   // hooktrace's kinds, phases, scopes, event types, root label, badges and their colours, sent with
   // the data (render/html.py `words`, from kinds.py): this file spells none of them
@@ -76,6 +76,7 @@
     this.threadIdent = t.thread ? table("thread") : this.thread;  // Python's thread ident (a v1 trace's column holds it)
     this.start = c.start_ns || []; this.dur = c.duration_ns || []; this.returned = c.returned || []; this.error = c.error || [];
     this.shapes = table("shapes"); // traced with --shapes: what each hook received and returned
+    this.graph = c.graph || []; // torch.compile: the compiled graph a hook ran inside (no time of its own)
     this.bySeq = new Map();
     this.seqWidth = ("#" + this.seq.reduce((a, b) => Math.max(a, b), 0)).length;
     let dense = true;
@@ -129,6 +130,7 @@
     if (i !== undefined && i >= 0) {
       if (this.returned[i]) out.push(B.returned);
       if (this.error[i] !== null && this.error[i] !== undefined && !stoppedByPyTorch(this.error[i])) out.push(B.error);
+      if (this.graph[i] !== null && this.graph[i] !== undefined) out.push(B.compiled);
     }
     return out;
   };
@@ -281,6 +283,9 @@
         if (stoppedByPyTorch(err)) span(row, "stopped", "  stopped by PyTorch: " + S(err));
         else span(row, "err", "  raised " + S(err));
       }
+    } else if (t === ROW.GRAPH) {
+      span(row, "mod", "compiled graph " + r.extra[i] + " (hooks in program order)");
+      span(row, "dim", "  run #" + r.first[i] + "–#" + r.last[i]);
     } else if (t === ROW.PHASE) {
       row.classList.add("phase");
       const p = m.strings[r.extra[i]];
@@ -961,7 +966,7 @@
       }
     } else {
       const mod = m.rowModule(i);
-      const names = ["step", "phase", "module call", "hook group", "hook", "saved tensors", "repeated siblings"];
+      const names = ["step", "phase", "module call", "hook group", "hook", "saved tensors", "repeated siblings", "compiled graph run"];
       d.appendChild(el("div", "name", t === ROW.STEP ? "step " + r.extra[i] : t === ROW.PHASE ? S(m.strings[r.extra[i]]) : modName(mod)));
       row("what", names[t]);
       if (mod !== null && m.types.get(mod)) row("type", S(m.types.get(mod)));
