@@ -204,3 +204,42 @@ def test_a_rank_a_launcher_sets_is_taken(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     trace = hooktrace.load(tmp_path / "t.rank1.json")
     assert (trace.meta.rank, trace.meta.world_size) == (1, 2)
+
+
+KEEPS_RUNNING = """
+import torch
+
+model = torch.nn.Linear(2, 1)
+model.register_forward_hook(lambda m, a, o: None)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    print("script step", step, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_under_torchrun_with_o_rank_0_prints_nothing_to_stdout(tmp_path: Path) -> None:
+    # rank 0 printed the tree to stdout even with -o; with --keep-running, inside the script's output
+    (tmp_path / "k.py").write_text(KEEPS_RUNNING)
+    args = [
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "-m",
+        "hooktrace",
+        "exec",
+        "--keep-running",
+        "-o",
+        "t.json",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *args, "k.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"script step {s}" for s in range(3)], done.stdout
+    assert "t.rank0.json" in done.stderr
+    assert len(list(hooktrace.load(tmp_path / "t.rank0.json").hook_events())) == 1

@@ -69,12 +69,16 @@ def show(result: Result, shown: Shown, golden: Optional[Side]) -> None:
         if not (shown.quiet and out is None):
             output(trace, fmt, out, shown.view, shown.quiet, keep=True)
     else:  # under torchrun: every rank writes its file, only rank 0 shows the trace
-        if out is not None:
+        if out is not None:  # with -o nothing goes to stdout (it may be the script's own output)
             write(trace, Path(rank_trace_path(str(out), rank)), None)
         if rank == shown.rank and out is not None and is_html(fmt, out):  # a page needs every rank's file
             files = rank_trace_path(str(out), "*")
             stderr_line(
                 f"note: each rank writes {files}; every rank in one page: hooktrace ranks {files} -o {out}"
+            )
+        elif rank == shown.rank and out is not None and not shown.quiet:
+            stderr_line(
+                f"wrote {rank_trace_path(str(out), '*')} (one trace per rank; rank {rank}'s tree: hooktrace render {rank_trace_path(str(out), rank)})"
             )
         elif rank == shown.rank:
             output(trace, fmt, None, shown.view)
