@@ -19,7 +19,7 @@ import typer
 
 from .compare import load_side_file, load_trace_file, print_comparison, safe_lines
 from .options import Output, RunOptions, UsageError, View, check_format, grouped, option
-from .outputs import check_renderable
+from .outputs import check_renderable, started_streams
 from .outputs import console as _console
 from .outputs import emit_page as _emit
 from .outputs import output as _output
@@ -356,7 +356,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = typer.main.get_command(app)
     try:
-        code = command.main(args=args or ["--help"], prog_name="hooktrace", standalone_mode=False)
+        with started_streams():  # what the command prints goes here, whatever a script does to sys.stdout
+            code = command.main(args=args or ["--help"], prog_name="hooktrace", standalone_mode=False)
     except typer.TyperException as exc:  # click's own errors: unknown option, missing argument, ...
         ctx = getattr(exc, "ctx", None)
         path = _command_path(command, args, ctx)

@@ -15,11 +15,55 @@ from .schema import Trace
 PIPE_WIDTH = 120
 
 
+# The standard streams as they were when the command started (`started_streams`): a traced script,
+# factory or hook may swap `sys.stdout` (`redirect_stdout`), close it, or leave it redirected; the
+# command's own output still goes to the process's standard output and error.
+_STARTED: list[tuple[Any, Optional[int], Any, Optional[int]]] = []
+
+
+def _fd(stream: Any) -> Optional[int]:
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def started_streams() -> Iterator[None]:
+    """Inside: `real_stdout()` / `real_stderr()` are `sys.stdout` / `sys.stderr` as they are now."""
+    _STARTED.append((sys.stdout, _fd(sys.stdout), sys.stderr, _fd(sys.stderr)))
+    try:
+        yield
+    finally:
+        _STARTED.pop()
+
+
+def _usable(stream: Any, fd: Optional[int]) -> Any:
+    """`stream`, or when the traced code closed it, a new writer on its file descriptor (Python's
+    standard streams do not close theirs)."""
+    if not getattr(stream, "closed", False):
+        return stream
+    if fd is None:
+        return sys.__stderr__
+    encoding, errors = getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None)
+    return open(fd, "w", encoding=encoding, errors=errors or "strict", closefd=False)
+
+
+def real_stdout() -> Any:
+    """The standard output the command started with (else the current one)."""
+    return _usable(_STARTED[-1][0], _STARTED[-1][1]) if _STARTED else sys.stdout
+
+
+def real_stderr() -> Any:
+    """The standard error the command started with (else the current one)."""
+    return _usable(_STARTED[-1][2], _STARTED[-1][3]) if _STARTED else sys.stderr
+
+
 def stderr_line(message: str) -> None:
     """A diagnostic line; text from names, paths and files in it shows control characters escaped."""
     from .render.safe import safe_text
 
-    print("\n".join(safe_text(line) for line in message.split("\n")), file=sys.stderr, flush=True)
+    print("\n".join(safe_text(line) for line in message.split("\n")), file=real_stderr(), flush=True)
 
 
 # Standard output is written to its file descriptor until every byte is taken: Python's buffered
@@ -81,7 +125,8 @@ def _writing_stdout() -> Iterator[None]:
 def to_stdout(data: Any) -> None:
     """Text or bytes to standard output, whole or not at all quietly: a failed write is a UsageError."""
     with _writing_stdout():
-        _Whole(sys.stdout.buffer if isinstance(data, bytes) else sys.stdout).write(data)
+        stdout = real_stdout()
+        _Whole(stdout.buffer if isinstance(data, bytes) else stdout).write(data)
 
 
 def console(**options: Any) -> Any:
@@ -90,7 +135,7 @@ def console(**options: Any) -> Any:
     from rich.console import Console
 
     if "file" not in options and "stderr" not in options:
-        options["file"] = _Whole(sys.stdout)
+        options["file"] = _Whole(real_stdout())
     console = Console(soft_wrap=False, **options)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = PIPE_WIDTH

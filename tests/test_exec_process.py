@@ -193,3 +193,39 @@ def test_an_uncaught_exception_is_shown_as_python_shows_it(tmp_path, mode):
     assert "run failed: " in traced.stderr and out.exists()
     if mode == "excepthook":
         assert plain.stdout.startswith("excepthook ValueError from a forward hook"), plain.stdout
+
+
+# -- the standard streams the script leaves --------------------------------------------------------
+
+_STREAMS = """
+    import contextlib, io, sys
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    model.register_forward_hook(lambda m, i, o: None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    buffer = io.StringIO()
+    if sys.argv[1] == "close":
+        print("closing", flush=True)
+        sys.stdout.close()
+    with contextlib.redirect_stdout(buffer):  # the window closes in here
+        for _ in range(2):
+            model(torch.ones(2)).sum().backward()
+            opt.step()
+    if sys.argv[1] != "close":
+        print("captured", len(buffer.getvalue()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["redirect", "close"])
+def test_the_tree_goes_to_the_process_s_standard_output(tmp_path, how):
+    """The window closes while the script's stdout is a `redirect_stdout` buffer: the tree goes to the
+    process's standard output, not into the script's buffer; a script that closes its sys.stdout
+    still gets its exit code."""
+    _script(tmp_path, _STREAMS)
+    plain = _python(tmp_path, "script.py", how)
+    traced = _python(tmp_path, "-m", "hooktrace", "exec", "--keep-running", "script.py", how)
+    assert plain.returncode == 0 and plain.stdout == ("closing\n" if how == "close" else "captured 0\n")
+    assert traced.returncode == 0, traced.stderr
+    shown = traced.stdout.startswith(plain.stdout) if how == "close" else traced.stdout.endswith(plain.stdout)
+    assert shown and "Linear" in traced.stdout, traced.stdout
