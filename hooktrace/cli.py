@@ -69,6 +69,12 @@ def opt(name: str) -> Any:
 grouped_options = grouped(FORMATS)
 
 
+def _anchored(path: Optional[Path]) -> Optional[Path]:
+    """A path given on the command line, made absolute when the command starts: a script, factory or
+    hook that changes the working folder (`os.chdir`, Hydra) does not move where it is written."""
+    return None if path is None else Path(os.path.abspath(path))
+
+
 def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
     """Exit 2 with one `error:` line (and the traceback when asked)."""
     if show_traceback:
@@ -118,6 +124,7 @@ def run(
         ).check()
         view = shown.given()
         format, output, check, quiet = out.checked(FORMATS).astuple()
+        output, profile = _anchored(output), _anchored(profile)
         if nproc is None:  # ranks write JSON, whatever -o says
             check_renderable(format, output)
         if nproc is None and (rank is not None or timeout is not None):
@@ -263,6 +270,7 @@ def exec_(
     script = _script_args(script, as_module)
     try:
         format, output, check, quiet = out.checked(FORMATS).astuple()
+        output = _anchored(output)
         if nproc is None and "RANK" not in os.environ:  # ranks write JSON, whatever -o says
             check_renderable(format, output)
         view = shown.given()

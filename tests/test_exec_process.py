@@ -229,3 +229,45 @@ def test_the_tree_goes_to_the_process_s_standard_output(tmp_path, how):
     assert traced.returncode == 0, traced.stderr
     shown = traced.stdout.startswith(plain.stdout) if how == "close" else traced.stdout.endswith(plain.stdout)
     assert shown and "Linear" in traced.stdout, traced.stdout
+
+
+# -- the working folder ----------------------------------------------------------------------------
+
+_CHDIR = """
+    import os
+    import torch
+
+    start = os.getcwd()
+    model = torch.nn.Linear(2, 1)
+    model.register_forward_hook(lambda m, i, o: os.chdir(os.path.join(start, "elsewhere")))  # as Hydra
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.ones(2)).sum().backward()
+        opt.step()
+    print("in", os.path.basename(os.getcwd()))
+"""
+
+_CHDIR_FACTORY = """
+    import os
+    import torch
+
+    def make():
+        os.chdir("elsewhere")
+        return torch.nn.Linear(2, 1), torch.ones(1, 2)
+"""
+
+
+@pytest.mark.parametrize("command", ["exec", "run"])
+def test_relative_paths_are_where_the_command_started(tmp_path, command):
+    """A hook (exec) or the factory (run) changes the working folder: a relative -o is still written
+    where the command started."""
+    (tmp_path / "elsewhere").mkdir()
+    if command == "exec":
+        plain, traced = both(tmp_path, _CHDIR, "--keep-running", "-o", "run.json")
+        assert (traced.returncode, traced.stdout) == (0, plain.stdout) == (0, "in elsewhere\n"), traced.stderr
+    else:
+        _script(tmp_path, _CHDIR_FACTORY, "factory.py")
+        traced = _python(tmp_path, "-m", "hooktrace", "run", "factory.py:make", "-o", "run.json")
+        assert traced.returncode == 0, traced.stderr
+    assert (tmp_path / "run.json").is_file() and not (tmp_path / "elsewhere" / "run.json").exists()
+    hooktrace.load(tmp_path / "run.json")
