@@ -19,10 +19,11 @@ import typer
 
 from .compare import load_side_file, load_trace_file, print_comparison, safe_lines
 from .options import Output, RunOptions, UsageError, View, check_format, grouped, option
-from .outputs import check_renderable, started_streams
+from .outputs import anchored, check_renderable, started_streams
 from .outputs import console as _console
 from .outputs import emit_page as _emit
 from .outputs import output as _output
+from .outputs import shown as _given
 from .outputs import stderr_line as _stderr
 from .outputs import text_or_html as _text_or_html
 from .ranks.show import rank_files_note as _rank_files_note  # noqa: F401  (tests read it here)
@@ -67,12 +68,6 @@ def opt(name: str) -> Any:
 
 # the View and Output groups' options (options.grouped): one declaration for run, exec and render
 grouped_options = grouped(FORMATS)
-
-
-def _anchored(path: Optional[Path]) -> Optional[Path]:
-    """A path given on the command line, made absolute when the command starts: a script, factory or
-    hook that changes the working folder (`os.chdir`, Hydra) does not move where it is written."""
-    return None if path is None else Path(os.path.abspath(path))
 
 
 def _fail(exc: BaseException, show_traceback: bool) -> NoReturn:
@@ -124,7 +119,7 @@ def run(
         ).check()
         view = shown.given()
         format, output, check, quiet = out.checked(FORMATS).astuple()
-        output, profile = _anchored(output), _anchored(profile)
+        output, profile = anchored(output), anchored(profile)
         if nproc is None:  # ranks write JSON, whatever -o says
             check_renderable(format, output)
         if nproc is None and (rank is not None or timeout is not None):
@@ -152,7 +147,9 @@ def run(
             result = FactoryDriver(factory, options, stop_signals=True).run(on_trace=lambda _result: None)
             merged.trace = result.trace
         if profile is not None:
-            _stderr(f"wrote {profile} (torch.profiler's Chrome trace with hooktrace's events, aligned)")
+            _stderr(
+                f"wrote {_given(profile)} (torch.profiler's Chrome trace with hooktrace's events, aligned)"
+            )
         show(result, shown_as, golden)
     except UsageError as exc:
         _fail(exc, traceback)
@@ -270,7 +267,7 @@ def exec_(
     script = _script_args(script, as_module)
     try:
         format, output, check, quiet = out.checked(FORMATS).astuple()
-        output = _anchored(output)
+        output = anchored(output)
         if nproc is None and "RANK" not in os.environ:  # ranks write JSON, whatever -o says
             check_renderable(format, output)
         view = shown.given()

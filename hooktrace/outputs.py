@@ -59,6 +59,25 @@ def real_stderr() -> Any:
     return _usable(_STARTED[-1][2], _STARTED[-1][3]) if _STARTED else sys.stderr
 
 
+# Paths given on the command line, made absolute when the command starts (`anchored`: a script,
+# factory or hook that changes folder does not move them), and shown as given (`shown`).
+_GIVEN: dict[str, str] = {}
+
+
+def anchored(path: Optional[Path]) -> Optional[Path]:
+    """`path` made absolute now; messages name it as given (`shown`)."""
+    if path is None:
+        return None
+    absolute = Path(os.path.abspath(path))
+    _GIVEN[str(absolute)] = str(path)
+    return absolute
+
+
+def shown(path: Any) -> str:
+    """A path as the command line gave it (see `anchored`)."""
+    return _GIVEN.get(str(path), str(path))
+
+
 def stderr_line(message: str) -> None:
     """A diagnostic line; text from names, paths and files in it shows control characters escaped."""
     from .render.safe import safe_text
@@ -237,12 +256,12 @@ def output(
         left_out = hidden_of(trace)
         dry += f"; {left_out.phrase()}" if left_out is not None else ""
         if chosen == "json":  # -o shows no tree: say where it is (issue 35)
-            shown = f"; the tree: hooktrace render {output}"
+            after = f"; the tree: hooktrace render {shown(output)}"
         elif chosen == "tree":
-            shown = ""
+            after = ""
         else:
-            shown = "; no tree printed with -o (save -o run.json, then hooktrace render it)"
-        stderr_line(f"wrote {output} ({chosen}: {count(trace).phrase()}{dry}){shown}")
+            after = "; no tree printed with -o (save -o run.json, then hooktrace render it)"
+        stderr_line(f"wrote {shown(output)} ({chosen}: {count(trace).phrase()}{dry}){after}")
 
 
 def hidden(trace: Trace, view: dict[str, Any]) -> Trace:
@@ -264,7 +283,8 @@ def write(trace: Trace, output: Path, data: Any) -> None:
         else:
             write_output(output, data)  # gzip-compressed when the name ends in .gz
     except OSError as exc:
-        raise UsageError(f"cannot write {output}: {write_error_words(exc, output, absolute=False)}") from exc
+        given = Path(shown(output))
+        raise UsageError(f"cannot write {given}: {write_error_words(exc, given, absolute=False)}") from exc
 
 
 def is_html(fmt: Optional[str], output: Optional[Path]) -> bool:
@@ -297,8 +317,9 @@ def emit_page(page: str, output: Optional[Path], what: str) -> None:
     try:
         write_atomic(output, page)
     except OSError as exc:
-        raise UsageError(f"cannot write {output}: {write_error_words(exc, output, absolute=False)}") from exc
-    stderr_line(f"wrote {output} ({what})")
+        given = Path(shown(output))
+        raise UsageError(f"cannot write {given}: {write_error_words(exc, given, absolute=False)}") from exc
+    stderr_line(f"wrote {shown(output)} ({what})")
 
 
 def rank_trace_path(out: str, rank: Union[int, str]) -> str:

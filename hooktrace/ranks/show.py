@@ -11,6 +11,7 @@ from typing import Optional
 from ..compare import Side, safe_lines
 from ..options import UsageError, check_nproc
 from ..outputs import emit_page, is_html, output, rank_trace_path, stderr_line
+from ..outputs import shown as given_path
 from ..runs.outcome import EXIT_OK, Shown, finish
 from .job import Job
 from .result import DEFAULT_TIMEOUT
@@ -27,7 +28,7 @@ def run_ranks(
     out, fmt, quiet = shown.output, shown.fmt, shown.quiet
     check_nproc(nproc)  # before the note that names the ranks' files
     if out is not None:
-        stderr_line(rank_files_note(str(out), nproc))
+        stderr_line(rank_files_note(given_path(out), nproc))
     ranks = launch(
         job,
         nproc,
