@@ -15,6 +15,7 @@ from typing import Optional
 
 from ..kinds import GLOBAL, HOOK
 from ..schema import ROOT, Hook, Surprise, Trace
+from .calls import STEP
 from .firings import level_of
 
 _Code = tuple[str, Optional[str], Optional[str], str, str, Optional[str]]
@@ -34,7 +35,7 @@ def _on(hook: Hook) -> str:
 
 
 def accumulating(trace: Trace) -> list[Surprise]:
-    if len({e.step for e in trace.events}) < 2:  # one step (or none): nothing can grow
+    if len(set(map(STEP, trace.events))) < 2:  # one step (or none): nothing can grow
         return []
     hooks = {h.id: h for h in trace.hooks}
     fired: dict[_Code, dict[int, dict[int, int]]] = defaultdict(

@@ -46,9 +46,16 @@ class Call(NamedTuple):
         return is_internal_error(self.error)
 
 
+# an event's fields read by C-level passes (`kind in map(KIND, events)`): a rule that cannot find
+# anything returns without a Python-level pass over every event (issue 34: a one-step trace's build)
+SEQ, STEP, TYPE, PHASE, HOOK_ID, KIND, RETURNED, ERROR = map(
+    operator.attrgetter, ("seq", "step", "type", "phase", "hook", "kind", "returned", "error")
+)
+
+
 def in_order(events: list[Event]) -> list[Event]:
     """The events in `seq` order (the list itself when it already is; stable for repeated seqs)."""
-    seqs = [e.seq for e in events]
+    seqs = [*map(SEQ, events)]
     if all(map(operator.lt, seqs, seqs[1:])):
         return events
     return sorted(events, key=operator.attrgetter("seq"))

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import compress
+from operator import eq
 from typing import Collection, Optional
 
 from ..kinds import (
@@ -32,7 +35,7 @@ from ..kinds import (
     K,
 )
 from ..schema import Event, Hook, Surprise, Trace, is_internal_error
-from .calls import Call, calls
+from .calls import HOOK_ID, TYPE, Call, calls
 from .firings import is_library_hook, place, plural, where
 
 CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
@@ -116,7 +119,7 @@ def never_fired(
     if in_graph is None:
         in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
     # the hooks that fired first (one pass): the rest of the facts only when some hook did not
-    fired = {e.hook for e in trace.events if e.type == HOOK}
+    fired = set(compress(map(HOOK_ID, trace.events), map(partial(eq, HOOK), map(TYPE, trace.events))))
     silent = [h for h in trace.hooks if h.id not in fired and h.id not in in_graph and h.id not in exclude]
     if not silent:
         return []

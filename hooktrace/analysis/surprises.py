@@ -29,7 +29,7 @@ from ..kinds import (
 )
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .accumulating import accumulating
-from .calls import Call, in_order
+from .calls import ERROR, KIND, PHASE, RETURNED, Call, in_order
 from .calls import calls as module_calls
 from .compiled import Graphs, Windows, compiled
 from .firings import firings, hook_of, level_of, on_parameter, place, plural, where
@@ -150,6 +150,8 @@ def prepend_displaced(trace: Trace) -> list[Surprise]:
 
 # -- recompute ----------------------------------------------------------------------------------
 def recompute(trace: Trace) -> list[Surprise]:
+    if RECOMPUTE not in map(PHASE, trace.events):
+        return []
     events = [e for e in trace.events if e.type == HOOK and e.phase == RECOMPUTE and e.kind in FORWARD_KINDS]
     if not events:
         return []
@@ -202,6 +204,8 @@ def _did_not_rerun(trace: Trace, calls: list, stopped: list) -> list[Hook]:
 def replaced_value(trace: Trace) -> list[Surprise]:
     """Hooks whose return value PyTorch used instead of what it passed (`returned`: not None and not
     the very object it was given); the same hook re-registered every step counts as one."""
+    if not any(map(RETURNED, trace.events)):
+        return []
     by_hook: dict[tuple, list[Event]] = defaultdict(list)
     first: dict[tuple, Hook] = {}
     for e in trace.events:
@@ -258,6 +262,8 @@ def legacy_backward(trace: Trace) -> list[Surprise]:
 
 
 def hook_error(trace: Trace) -> list[Surprise]:
+    if not any(map(ERROR, trace.events)):
+        return []
     out = []
     events = in_order(trace.events)
     seqs: list[int] = []
@@ -383,6 +389,8 @@ def _output_module(hook: Hook) -> Optional[str]:
 
 
 def output_hook_before_backward_pre(trace: Trace) -> list[Surprise]:
+    if K.backward_pre not in map(KIND, trace.events):
+        return []
     first_pre: dict[tuple[int, str], Event] = {}
     for e in trace.events:
         if e.type == HOOK and e.kind == K.backward_pre and e.phase == BACKWARD and e.module is not None:

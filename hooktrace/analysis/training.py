@@ -17,12 +17,15 @@ from typing import Optional
 
 from ..kinds import HOOK, OPTIMIZER_PHASE, K
 from ..schema import Event, Surprise, Trace
+from .calls import KIND, PHASE
 from .calls import calls as module_calls
 from .firings import hook_of, level_of, on_parameter, plural, where
 
 
 def forward_wrapper(trace: Trace) -> list[Surprise]:
     """Forward pre-hooks that ran, in the same module call, before the module's forward wrapper."""
+    if K.forward_wrapper not in map(KIND, trace.events):
+        return []
     wrapper_events = [e for e in trace.events if e.type == HOOK and e.kind == K.forward_wrapper]
     if not wrapper_events:
         return []
@@ -72,6 +75,8 @@ def _inside(outer: Event, inner: Event) -> bool:
 
 def step_in_grad_hook(trace: Trace) -> list[Surprise]:
     """Optimizer-phase events nested in a parameter's `grad` hook: the step ran before accumulation."""
+    if OPTIMIZER_PHASE not in map(PHASE, trace.events):
+        return []
     steps = [e for e in trace.events if e.type == HOOK and e.phase == OPTIMIZER_PHASE]
     if not steps:
         return []
