@@ -8,6 +8,7 @@ nobody asked for); `split_levels` separates them for renderers.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import defaultdict
 from itertools import islice
 from typing import Callable, Collection, Iterable, Optional
@@ -63,8 +64,13 @@ def names(items: Iterable[str], most: int = 6) -> str:
     return unique[0] if unique else ""
 
 
+_PREPEND = operator.attrgetter("prepend")
+
+
 # -- order around one call ----------------------------------------------------------------------
 def global_first(trace: Trace) -> list[Surprise]:
+    if not any(map(_PREPEND, trace.hooks)):  # the common case, read in one C-level pass
+        return []
     prepended = {h.id for h in trace.hooks if h.scope == MODULE and h.prepend}
     global_ids = {h.id for h in trace.hooks if h.scope == GLOBAL}
     if not prepended or not global_ids:  # the common case: nothing to look for in the events
@@ -101,6 +107,8 @@ def global_first(trace: Trace) -> list[Surprise]:
 
 
 def prepend_displaced(trace: Trace) -> list[Surprise]:
+    if not any(map(_PREPEND, trace.hooks)):
+        return []
     prepended = {h.id for h in trace.hooks if h.scope == MODULE and h.prepend}
     if not prepended:  # the common case: nothing to look for in the events
         return []
