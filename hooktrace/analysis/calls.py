@@ -48,9 +48,10 @@ class Call(NamedTuple):
 
 # an event's fields read by C-level passes (`kind in map(KIND, events)`): a rule that cannot find
 # anything returns without a Python-level pass over every event (issue 34: a one-step trace's build)
-SEQ, STEP, TYPE, PHASE, HOOK_ID, KIND, RETURNED, ERROR = map(
-    operator.attrgetter, ("seq", "step", "type", "phase", "hook", "kind", "returned", "error")
+SEQ, STEP, TYPE, PHASE, KIND, RETURNED, ERROR = map(
+    operator.attrgetter, ("seq", "step", "type", "phase", "kind", "returned", "error")
 )
+HOOK_ID = operator.attrgetter("hook")  # not a kind: the event's field
 
 
 def in_order(events: list[Event]) -> list[Event]:
