@@ -102,10 +102,13 @@ def run(
     timeout: Optional[float] = opt("timeout"),
     shown: View = View(),
     profile: Optional[Path] = opt("profile"),
+    compare_eager: bool = opt("compare_eager"),
     traceback: bool = opt("traceback"),
 ) -> None:
     """Load TARGET, run forward and backward under the tracer, and show the order hooks fired."""
     try:
+        if compare_eager:
+            _compare_only(out, nproc=nproc, profile=profile)
         options = RunOptions(
             input_shapes=tuple(input),
             dtype=dtype,
@@ -140,6 +143,10 @@ def run(
         from .target import load_factory
 
         factory = load_factory(target)  # before importing torch: a missing file is reported at once
+        if compare_eager:
+            from .runs.compare import compare_run
+
+            raise typer.Exit(_compared(compare_run(factory, options)))
         from .render.merged import merge_profile
         from .runs.factory import FactoryDriver
 
@@ -259,6 +266,7 @@ def exec_(
     nproc: Optional[int] = opt("nproc"),
     rank: Optional[int] = opt("rank"),
     timeout: Optional[float] = opt("timeout"),
+    compare_eager: bool = opt("exec_compare_eager"),
     out: Output = Output(),
     shown: View = View(),
     traceback: bool = opt("traceback"),
@@ -266,6 +274,14 @@ def exec_(
     """Run SCRIPT.py (or -m MODULE) as python would; trace the hooks of a window of its steps."""
     script = _script_args(script, as_module)
     try:
+        if compare_eager:
+            _compare_only(out, nproc=nproc)
+            from .runs.script import ExecOptions, ScriptDriver
+
+            scripted = ScriptDriver.of(
+                script, as_module, ExecOptions(start, steps, step_on, keep_running, shapes)
+            )
+            raise typer.Exit(_compared_script(scripted.script, scripted.options))
         format, output, check, quiet = out.checked(FORMATS).astuple()
         output = anchored(output)
         if nproc is None and "RANK" not in os.environ:  # ranks write JSON, whatever -o says
@@ -289,6 +305,56 @@ def exec_(
         raise typer.Exit(finish(result, shown_as, golden))
     except UsageError as exc:
         _fail(exc, traceback)
+
+
+def _compare_only(out: Output, nproc: Optional[int], profile: Optional[Path] = None) -> None:
+    """UsageError for an option --compare-eager cannot go with: it prints one report."""
+    given = [
+        flag
+        for flag, value in (("--format", out.format), ("-o", out.output), ("--check", out.check),
+                            ("-q", out.quiet or None), ("--nproc", nproc), ("--profile", profile))
+        if value is not None
+    ]  # fmt: skip
+    if given:
+        raise UsageError(
+            f"--compare-eager prints its report of two runs; drop {', '.join(given)} "
+            "(trace each run alone to save or check it)"
+        )
+
+
+def _compared(result: Any) -> int:
+    """Print `--compare-eager`'s report: exit 1 when the orders differ or a run raised."""
+    for note in result.notes:
+        _stderr(f"note: {note}")
+    if result.comparison is not None:
+        print(safe_lines(result.comparison.report()))
+    if result.error is not None:
+        _stderr(f"run failed: {result.error}")
+        return EXIT_DIFFERENT
+    if result.comparison is None:
+        _stderr("the compiled run did not take place: nothing to compare")
+        return EXIT_DIFFERENT
+    return EXIT_OK if result.comparison.diff.equal else EXIT_DIFFERENT
+
+
+def _compared_script(target: Any, options: Any) -> int:
+    """`exec --compare-eager`: run the script once, then print the report of its two windows."""
+    from .runs.compare import CompareWindow
+    from .runs.script import run_script
+
+    result = run_script(target, options, lambda r: None, window_type=CompareWindow)
+    if result.exit_message is not None:
+        _stderr(result.exit_message)
+    if result.exception is not None and result.traceback:
+        sys.stderr.write(result.traceback)
+    compared = result.compared
+    if compared is None:
+        _stderr("the script ended before the eager run's window opened: nothing to compare")
+        return max(result.exit_code, EXIT_DIFFERENT)
+    compared.notes = list(result.notes)
+    if result.exception is not None:
+        compared.error = result.error
+    return max(_compared(compared), result.exit_code)
 
 
 def _script_args(script: Optional[List[str]], as_module: bool) -> Optional[List[str]]:

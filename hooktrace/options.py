@@ -112,6 +112,23 @@ OPTIONS: dict[str, Flag] = {
         "(tree, HTML details, JSON); off by default.",
         default=False,
     ),
+    # -- eager vs compiled (runs/compare.py)
+    "compare_eager": Flag(
+        ("--compare-eager",),
+        "Run the steps twice in one process, first under torch.compiler.set_stance(\"force_eager\") "
+        "(hooks as plain Python), then compiled, and report how the compiled run's hook order differs "
+        "and why (stale graph, inlined hooks, wrapper calls, recompiles); the factory is called once. "
+        "Prints the report instead of the trace; exit 1 when the orders differ.",
+        default=False,
+    ),
+    "exec_compare_eager": Flag(
+        ("--compare-eager",),
+        "Trace the --steps steps from --start on under torch.compiler.set_stance(\"force_eager\"), "
+        "then the next --steps steps as the script runs them (compiled), and report how the compiled "
+        "steps' hook order differs and why; the script runs once. Prints the report instead of the "
+        "trace; exit 1 when the orders differ.",
+        default=False,
+    ),
     # -- ranks (run --nproc, exec --nproc)
     "nproc": Flag(("--nproc",), "Ranks to launch (one trace each).", "N", None, (1, None)),
     "rank": Flag(("--rank",), "With --nproc: the rank to show.", "R", None, (0, None)),

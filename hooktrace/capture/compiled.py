@@ -254,7 +254,10 @@ class Forward:
     what they saw."""
 
     def __init__(self, rec: shims.Recorder, trace_id: Callable[[dict, int], int], ledger: Ledger) -> None:
-        self.graphs: list[Graph] = []
+        self.graphs: list[Graph] = []  # every graph compiled in the block, with no hook too
+        # trace id -> whether each inline of the hook added an FX node or a side effect (Dynamo's
+        # replayed Python effects): a hook whose inlines added none does nothing at run time
+        self.effects: dict[int, list[bool]] = {}
         self.note: Optional[str] = None
         self._rec = rec
         self._trace_id = trace_id
@@ -294,6 +297,7 @@ class Forward:
         graphs = self.graphs
         counter = self._rec.seq
         find = self._hook_ids
+        effects = self.effects
 
         def inline_call(
             cls: Any, parent: Any, func: Any, args: Any, kwargs: Any, *rest: Any, **more: Any
@@ -314,16 +318,22 @@ class Forward:
                 setattr(output, _INLINED, inlined)
             start = len(inlined)
             inlined.extend(found)
+            before = _footprint(output)
             try:
-                return inline_fn(cls, parent, func, args, kwargs, *rest, **more)
+                result = inline_fn(cls, parent, func, args, kwargs, *rest, **more)
             except BaseException:
                 del inlined[start:]
                 raise
+            after = _footprint(output)
+            if before is not None and after is not None:
+                effects.setdefault(found[0], []).append(before != after)
+            return result
 
         def call_user_compiler(output: Any, gm: Any, example_inputs: Any) -> Any:
             compiled = original_compiler(output, gm, example_inputs)
             inlined = getattr(output, _INLINED, None)
-            if not inlined:
+            if not inlined:  # a graph with no hook: still a graph compiled (--compare-eager reads them)
+                graphs.append((next(counter), ()))
                 return compiled
             graphs.append((next(counter), tuple(hid for hid, _hook, _ref in inlined)))
             hooks = tuple((hid, ref) for hid, _hook, ref in inlined)
@@ -356,6 +366,23 @@ class Forward:
                     found.append((self._trace_id(d, hid), hook, ref))
                     return found  # one inline is one call of one hook
         return found
+
+
+def _footprint(output: Any) -> Optional[tuple[int, tuple[tuple[int, int], ...], int]]:
+    """What an OutputGraph holds that an inlined hook can add to: its FX nodes, the Python objects
+    Dynamo will mutate after the graph runs (each with its length: a list appended to again), the
+    attribute stores it will replay; None when this Dynamo keeps them otherwise."""
+    try:
+        effects = output.side_effects
+        modified = tuple(
+            (id(var), len(getattr(var, "items", ())))
+            for var in list(effects.id_to_variable.values())
+            if effects.is_modified(var)
+        )
+        stores = sum(len(d) for d in effects.store_attr_mutations.values())
+        return len(output.graph.nodes), modified, stores + len(effects.tensor_hooks)
+    except Exception:  # noqa: BLE001 - reading Dynamo's state must never fail its compile
+        return None
 
 
 _MODULE_VARIABLES = frozenset(

@@ -30,13 +30,22 @@ def open_capture(
     target: Optional[str] = None,
     shapes: bool = False,
     describe: Optional[Callable[[Trace], str]] = None,
+    facts: Optional[dict[str, Any]] = None,
 ) -> TraceSession:
     """A capture (not yet entered) whose trace carries the surprise rules' findings (torch is
-    imported here, not when the module is: the rank launcher reads the drivers' classes)."""
+    imported here, not when the module is: the rank launcher reads the drivers' classes); `facts`,
+    when given, receives the capture's own facts the rules were given (`--compare-eager` reads them)."""
     from ..analysis.surprises import find_surprises
     from ..capture.session import TraceSession
 
-    return TraceSession(model, target=target, analyse=find_surprises, describe=describe, shapes=shapes)
+    analyse: Callable[..., Any] = find_surprises
+    if facts is not None:
+
+        def analyse(trace: Trace, **given: Any) -> Any:
+            facts.update(given)
+            return find_surprises(trace, **given)
+
+    return TraceSession(model, target=target, analyse=analyse, describe=describe, shapes=shapes)
 
 
 @dataclass
@@ -64,6 +73,9 @@ class Result:
     steps_ended: int = 0
     exit_message: Optional[str] = None
     forked: bool = False  # a process the script forked: it traced nothing and shows nothing
+    compared: Any = (
+        None  # `exec --compare-eager`: both runs (runs/compare.py `Compared`), when the eager one ran
+    )
 
 
 LOADING = "loading the target"  # `Result.stopped_in` before the program began: nothing traced

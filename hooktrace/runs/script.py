@@ -145,6 +145,7 @@ class _Window:
         self.output_error: Optional[BaseException] = None
         self.registrations = Registrations()
         self.held: list[Any] = []  # the roots of the window's calls, alive until it closes
+        self.facts: Optional[dict[str, Any]] = None  # filled with the capture's facts (--compare-eager)
         self.thread: Optional[str] = None  # the thread the window closed in, when not the main one
         self.watch = StepWatch(options.step_on, self.step_ended)
         self.forked = False  # set in a child the script forked (`_after_fork_in_child`)
@@ -192,7 +193,7 @@ class _Window:
     def open(self) -> None:
         from ..capture.steps import open_after
 
-        session = open_capture(target=self.script.label, shapes=self.options.shapes)
+        session = open_capture(target=self.script.label, shapes=self.options.shapes, facts=self.facts)
         open_after(self.registrations, session)  # the capture sees registrations itself now
         self.session = session
         self.watch.rewrap()
@@ -374,8 +375,10 @@ def run_script(
     options: ExecOptions,
     on_trace: Callable[[Result], None],
     on_step: Optional[Callable[[int, bool], None]] = None,
+    window_type: Optional[Callable[..., _Window]] = None,
 ) -> Result:
-    """Run the script, trace its window; `on_trace(result)` is called once, as soon as the trace is
+    """Run the script, trace its window (`window_type`: exec --compare-eager's runs/compare.py
+    CompareWindow); `on_trace(result)` is called once, as soon as the trace is
     complete (the window closed, or the script ended / raised / was stopped first); `on_step(step,
     before_window)` as each step begins (the rank worker reports progress with it).
 
@@ -383,7 +386,7 @@ def run_script(
     options.check()
     script.check()
     _rank_meta()  # RANK / WORLD_SIZE no launcher sets: said before the script runs
-    window = _Window(script, options, on_trace, on_step)
+    window = (window_type or _Window)(script, options, on_trace, on_step)
     exception: Optional[BaseException] = None
     exit_code, exit_message, stopped_by = 0, None, None
     stopped_after: Optional[int] = None
