@@ -94,7 +94,12 @@ def _keys(trace: Trace) -> dict[int, HookKey]:
 
 
 def _calls(trace: Trace, keys: dict[int, HookKey]) -> Counter[HookKey]:
-    return Counter(keys[e.hook] for e in trace.events if e.type == HOOK and e.hook in keys)
+    """Python calls of each hook (a hook event inside a compiled graph, `graph` set, is not one)."""
+    return Counter(
+        keys[e.hook]
+        for e in trace.events
+        if e.type == HOOK and e.hook in keys and getattr(e, "graph", None) is None
+    )
 
 
 def _under(module: Optional[str], path: Optional[str]) -> bool:
@@ -313,7 +318,13 @@ def _recompiles(compiled: Side, kb: dict[int, HookKey]) -> list[Reason]:
 def _python_again(compiled: Side, kb: dict[int, HookKey]) -> str:
     """`, its hooks as Python again from step N` when module hooks fired as Python only from a
     later step of the compiled run on."""
-    steps = sorted({e.step for e in compiled.trace.events if e.type == HOOK and e.hook in kb})
+    steps = sorted(
+        {
+            e.step
+            for e in compiled.trace.events
+            if e.type == HOOK and e.hook in kb and getattr(e, "graph", None) is None
+        }
+    )
     first = min((e.step for e in compiled.trace.events), default=0)
     if steps and steps[0] > first:
         return f" (its hooks ran as Python again from step {steps[0]})"

@@ -326,7 +326,10 @@ class Forward:
                 raise
             after = _footprint(output)
             if before is not None and after is not None:
-                effects.setdefault(found[0], []).append(before != after)
+                first = found[0]
+                effects.setdefault(first[0] if isinstance(first, tuple) else first, []).append(
+                    before != after
+                )
             return result
 
         def call_user_compiler(output: Any, gm: Any, example_inputs: Any) -> Any:
