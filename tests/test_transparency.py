@@ -310,14 +310,20 @@ def test_torch_compile_fullgraph_with_hooks_is_unchanged_and_marked(no_global_ho
     no_hooktrace_objects(m)
     # torch 2.8's AOTAutograd also registers node hooks of its own while it traces the backward
     # (setup_stacktrace_preservation_hooks, in torch/_functorch): they run as Python and are traced
-    users = sorted(h.id for h in t.trace.hooks if not (h.defined_at or "").startswith("torch/"))
+    users = [h.id for h in t.trace.hooks if not (h.defined_at or "").startswith("torch/")]
     assert len(users) == 2
-    assert not [
-        e for e in t.trace.events if e.type == "hook" and e.hook in users
-    ]  # they ran inside the graph
-    rules = [s for s in t.trace.surprises if s.rule == "compiled"]
-    assert rules and "inside the compiled code" in rules[0].message
-    assert sorted(rules[0].hooks) == users
+    forward_hook = next(h.id for h in t.trace.hooks if h.id in users and h.kind == "forward")
+    pre_hook = next(h.id for h in t.trace.hooks if h.id in users and h.kind == "forward_pre")
+    ran = [e for e in t.trace.events if e.type == "hook" and e.hook in users]
+    # they ran inside the graph: one event each, in program order, marked with the graph's number
+    # and not as Python calls (no time of their own, nothing returned to observe)
+    assert [e.hook for e in ran] == [forward_hook, pre_hook]
+    assert [e.module for e in ran] == ["0", "2"]
+    assert all(e.graph is not None and e.duration_ns == 0 and not e.returned for e in ran)
+    runs = [e for e in t.trace.events if e.type == "graph"]
+    assert len(runs) == 1 and runs[0].graph == ran[0].graph == ran[1].graph and runs[0].seq < ran[0].seq
+    compiled = [s for s in t.trace.surprises if s.rule == "compiled" and set(s.hooks) & set(users)]
+    assert not compiled  # the surprise names only hooks that ran nowhere
     never = [s for s in t.trace.surprises if s.rule == "never-fired" and set(s.hooks) & set(users)]
     assert not never  # they ran, inside the graph
     torch._dynamo.reset()
