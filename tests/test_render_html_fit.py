@@ -68,6 +68,30 @@ def test_the_words_and_the_timeline_labels(driver: Any, tmp_path: Path, size: tu
     assert all(x["x"] + x["w"] <= x["right"] for x in labels)  # never under the zoom buttons
 
 
+def test_a_band_label_stops_where_the_next_band_begins(driver: Any, tmp_path: Path) -> None:
+    """A backward band spans its events' durations, so it holds the recompute its unpack hook ran:
+    the recompute band begins inside it. Its label must end before the recompute label begins
+    (CI drew "backward · step 0" over "recompute" when the unpack began 83 px before the recompute).
+    Timings are set here, one event a millisecond, so the overlap happens on every machine."""
+    trace = checkpointed()
+    events = trace.events
+    for i, e in enumerate(events):
+        duration = 0
+        if e.kind == "unpack" and i + 1 < len(events) and events[i + 1].phase == "recompute":
+            last = next(j for j in range(i + 1, len(events)) if events[j].phase != "recompute")
+            duration = (last - i) * 1_000_000  # the unpack hook ran the whole recompute
+        events[i] = e._replace(start_ns=e.seq * 1_000_000, duration_ns=duration)
+    open_report(driver, tmp_path, trace, (1920, 1080))
+    driver.execute_script(
+        "const t = window.hooktraceReport.panes[0].timeline; if (t.mode !== 'time') { t.toggleMode(); t.draw() }"
+    )
+    labels = driver.execute_script("return window.hooktraceReport.panes[0].timeline.labels")
+    assert any(x["text"].startswith("recompute") for x in labels), labels
+    labels.sort(key=lambda x: x["x"])
+    for a, b in zip(labels, labels[1:]):
+        assert a["x"] + a["w"] < b["x"], (a, b)
+
+
 def test_surprise_text_shows_names_as_code(driver: Any, tmp_path: Path) -> None:
     open_report(driver, tmp_path, checkpointed(1), (1280, 800))
     message = driver.find_element("css selector", ".surprise .msg")

@@ -643,8 +643,9 @@
     const toolsW = this.tools ? this.tools.offsetWidth + 12 : 0;
     this.labels = [];  // the band labels drawn (read by the tests)
     const bandPx = {};  // phase -> the last pixel column a narrow band of it filled
-    for (const b of this.bands) {
-      const x0 = this.x(b.a), x1 = this.x(b.b);
+    let labelEnd = -Infinity;  // where the last label drawn ends: labels never run together
+    for (let i = 0; i < this.bands.length; i++) {
+      const b = this.bands[i], x0 = this.x(b.a), x1 = this.x(b.b);
       if (x1 < 0 || x0 > W) continue;
       if (x1 - x0 < 1) {  // phases alternating faster than pixels: one band per pixel and phase
         const px = Math.floor(x0);
@@ -653,13 +654,19 @@
       }
       g.fillStyle = WORDS.band(b.phase);
       g.fillRect(x0, 0, Math.max(1, x1 - x0), H);
-      // the band's label only where it fits whole: inside its band, left of the zoom buttons
-      const room = Math.min(x1, W - toolsW) - Math.max(x0, 0) - 8;
+      // the band's label only where it fits whole: inside its band, before the next band begins
+      // (a band spans its events' durations, so a backward band can hold the recompute band its
+      // unpack hook ran), after the last label, left of the zoom buttons
+      const next = i + 1 < this.bands.length ? this.x(this.bands[i + 1].a) : Infinity;
+      const lx = Math.max(x0, 0) + 4;
+      const room = lx < labelEnd + 6 ? 0 : Math.min(x1, next > x0 ? next : x1, W - toolsW) - Math.max(x0, 0) - 8;
       const long = S(b.phase) + (this.multiStep() ? " · step " + b.step : ""), short = S(b.phase);
       const label = g.measureText(long).width <= room ? long : (g.measureText(short).width <= room ? short : "");
       if (label) {
-        g.fillStyle = "#6b7480"; g.fillText(label, Math.max(x0, 0) + 4, 11);
-        this.labels.push({ x: Math.max(x0, 0) + 4, w: g.measureText(label).width, text: label, right: W - toolsW });
+        const w = g.measureText(label).width;
+        g.fillStyle = "#6b7480"; g.fillText(label, lx, 11);
+        this.labels.push({ x: lx, w, text: label, right: W - toolsW });
+        labelEnd = lx + w;
       }
     }
     // time axis
