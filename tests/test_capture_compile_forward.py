@@ -193,3 +193,63 @@ def test_compiled_forward_global_hooks(no_global_hooks: None) -> None:
     compiled = [e for e in traced["trace"].hook_events() if e.graph is not None]
     names = {h.id: h.name for h in traced["trace"].hooks}
     assert "global_pre" in {names[e.hook] for e in compiled}
+
+
+def _global_run(backend: str, traced: bool) -> dict[str, Any]:
+    """A global forward hook that records each module it runs for: `log` (appends Dynamo replays after
+    the graph, as `log[:] = [...]`: an append made while the graph ran is overwritten) and `python`
+    (only its calls as Python: Dynamo never traces that branch, so nothing replays or overwrites it)."""
+    dynamo.reset()
+    counters.clear()
+    log: list[nn.Module] = []
+    python: list[nn.Module] = []
+
+    def gfwd(module: nn.Module, args: Any, out: Any) -> None:
+        log.append(module)
+        if not torch.compiler.is_compiling():
+            python.append(module)
+
+    model = _model()
+    handle = nn.modules.module.register_module_forward_hook(gfwd)
+    x = torch.randn(3, 4, requires_grad=True, generator=torch.Generator().manual_seed(1))
+    try:
+        compiled = torch.compile(model, backend=backend)
+        with hooktrace.trace(model) if traced else contextlib.nullcontext() as t:
+            for _ in range(2):
+                compiled(x).sum().backward()
+    finally:
+        handle.remove()
+    counted = (dict(counters["frames"]), dict(counters["stats"]), dict(counters["recompiles"]))
+    paths = {id(m): p for p, m in model.named_modules()}
+    paths[id(compiled)] = ""  # hooktrace names torch.compile's wrapper as the module it wraps
+    return {
+        "dynamo": counted,
+        "log": [paths.get(id(m), type(m).__name__) for m in log],
+        "python": [paths.get(id(m), type(m).__name__) for m in python],
+        "trace": t.trace if traced else None,
+    }
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_global_forward_hook_on_aot_graph_module_is_that_module(backend: str, no_global_hooks: None) -> None:
+    """Under aot_eager, AOTAutograd's compiled forward is an FX GraphModule called as a module: a global
+    forward hook really runs for it (its Python-only record has it; Dynamo's replay of the list append
+    overwrites it in the other record). The trace shows that call on the GraphModule, named as
+    torch.compile's, and every compiled hook call for the module it ran for (the GraphModule's call
+    was taken for the first Linear's, which was then missing)."""
+    plain = _global_run(backend, traced=False)
+    traced = _global_run(backend, traced=True)
+    assert traced["dynamo"] == plain["dynamo"]
+    assert (traced["log"], traced["python"]) == (plain["log"], plain["python"])
+    graph_module = "GraphModule" in plain["python"]
+    assert graph_module == (backend == "aot_eager")  # PyTorch's behaviour, the case of this test
+    events = list(traced["trace"].hook_events())
+
+    def where(e: Any) -> str:
+        return "GraphModule" if e.module == "(torch.compile) GraphModule" else e.module
+
+    assert [where(e) for e in events if e.graph is None] == plain["python"]
+    assert [where(e) for e in events if e.module != "(torch.compile) GraphModule"] == plain["log"]
+    assert [e.module for e in events if e.graph is not None] == ["0", "1", "2", ""] * 2
+    assert not any(e.module and e.module.startswith("(outside)") for e in traced["trace"].events)

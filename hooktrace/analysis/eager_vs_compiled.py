@@ -24,7 +24,7 @@ from .identity import HookKey, hook_keys
 
 # module path -> the hook ids Dynamo inlined into each graph compiled in calls of it, in order
 Graphs = Mapping[Optional[str], Sequence[Sequence[int]]]
-GRAPH_MODULE = "(outside) GraphModule"  # how the capture names AOTAutograd's compiled forward
+GRAPH_MODULE = "(torch.compile) GraphModule"  # how the capture names AOTAutograd's compiled forward
 
 # the rules, in the order the report gives them (README, "Eager vs compiled")
 RULES = ("stale_graph", "inlined_no_ops", "inlined", "wrapper_calls", "replayed_after_graph", "recompiles")

@@ -100,7 +100,8 @@ def graph_rows(pending: Pending, hooks: dict[int, Hook]) -> list[tuple]:
     if not pending.graph_runs:
         return rows
     start, paths = pending.start_ns, pending.paths
-    calls = sorted((r[0], r[1]) for r in islice(pending.hook_calls, pending.n_hook_calls))
+    # (seq, hook id, module key) of each Python hook call
+    calls = sorted((r[0], r[1], r[6]) for r in islice(pending.hook_calls, pending.n_hook_calls))
     for enter, leave, tid, t0, t1, number, backward, entries, error in pending.graph_runs:
         phase = kinds.BACKWARD if backward else None
         rows.append(
@@ -121,14 +122,23 @@ def graph_rows(pending: Pending, hooks: dict[int, Hook]) -> list[tuple]:
             )
         )
         first, last = bisect.bisect(calls, (enter,)), bisect.bisect(calls, (leave,))
-        python: dict[int, list[int]] = {}  # hook id -> seqs of its Python calls inside the run, first first
-        for seq, hid in calls[first:last]:
-            python.setdefault(hid, []).append(seq)
+        # (hook id, module key) -> seqs of its Python calls inside the run, first first. A hook of
+        # the graph that ran as Python is the same hook called for the same module: a global hook
+        # that AOTAutograd's compiled forward (a GraphModule, called as a module) fires is no entry's
+        python: dict[tuple[int, Optional[int]], list[int]] = {}
+        for seq, hid, module_id in calls[first:last]:
+            python.setdefault((hid, None), []).append(seq)  # an entry of no module: any call of it
+            if module_id is not None:
+                python.setdefault((hid, module_id), []).append(seq)
         at, n = enter, len(entries) + 1
         for i, (hid, module_key) in enumerate(entries):
-            ran = python.get(hid)
+            ran = python.get((hid, module_key))
             if ran:
-                at = ran.pop(0)  # traced by its shim: the next hooks of the graph come after it
+                seq = ran.pop(0)  # traced by its shim: the next hooks of the graph come after it
+                at = seq
+                for other in python.values():  # that call is no other entry's
+                    if seq in other:
+                        other.remove(seq)
                 continue
             hook = hooks.get(hid)
             if hook is None:

@@ -119,6 +119,9 @@ def snapshot(
     final = final or Final()
     paths = {**paths, **final.paths}
     paths.update(roots.outside_paths(rec, paths))  # modules called inside the model, not part of it
+    for wrapper, inner in rec.wrappers.items():  # a global hook's call for torch.compile(m): m's
+        if inner in paths:
+            paths.setdefault(wrapper, paths[inner])
     records = build.ordered(book.records, final.order)
     alive: Optional[set[int]] = None  # read when a node hook asks
     replaced: set[int] = set()

@@ -96,6 +96,9 @@ def of_calls(rec: Any) -> list[Any]:
 
 
 OUTSIDE = "(outside)"  # the prefix of a module called inside the model but not part of it
+# the prefix of a GraphModule that torch.compile made and called as a module inside a compiled call
+# (AOTAutograd's compiled forward: global hooks fire for it, pytorch/pytorch#149502)
+COMPILED = "(torch.compile)"
 
 
 def called_keys(rec: Any) -> list[int]:
@@ -115,8 +118,9 @@ def outside_paths(rec: Any, paths: dict[int, str]) -> dict[int, str]:
     if not unknown:
         return {}
     out: dict[int, str] = {}
+    made = compile_made(rec, unknown)
     for root in choose(modules_called(rec, unknown)):
-        label = f"{OUTSIDE} {type(root).__name__}"
+        label = f"{COMPILED if rec.key(root) in made else OUTSIDE} {type(root).__name__}"
         for path, module in module_list(root):
             key = rec.key(module)
             if key not in paths and key not in out:
@@ -125,6 +129,22 @@ def outside_paths(rec: Any, paths: dict[int, str]) -> dict[int, str]:
         if key not in out and key in rec.types:
             out[key] = f"{OUTSIDE} {rec.types[key]}"
     return out
+
+
+def compile_made(rec: Any, keys: list[int]) -> set[int]:
+    """The `keys` of FX GraphModules called only inside calls that ran compiled (`rec.compiled`) on
+    their thread: graphs torch.compile made and runs as modules (AOTAutograd's compiled forward), not
+    modules of the user's."""
+    windows = {c[0]: c for c in list(rec.calls) if c[0] in set(rec.compiled)}
+    if not windows:
+        return set()
+    graph_modules = {rec.key(m) for m in modules_called(rec, keys) if isinstance(m, torch.fx.GraphModule)}
+    inside: dict[int, bool] = {}
+    for enter, leave, _phase, key, tid, *_ in list(rec.calls):
+        if key in graph_modules:
+            ran = any(w[0] < enter and leave < w[1] and w[4] == tid for w in windows.values())
+            inside[key] = inside.get(key, True) and ran
+    return {key for key, ran in inside.items() if ran}
 
 
 def compiled_inner(model: Any) -> Any:

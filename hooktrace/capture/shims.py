@@ -204,6 +204,7 @@ class Recorder:
         "modules",
         "module_ids",
         "types",
+        "wrappers",
         "ids",
         "retired",
         "seq",
@@ -223,6 +224,7 @@ class Recorder:
         self.module_ids: dict[int, int] = {}  # the same, for the modules the call wrapper looks up
         self.retired: set[int] = set()  # keys of objects that died: not given again
         self.types: dict[int, str] = {}  # key -> its object's class name (names a module gone by the end)
+        self.wrappers: dict[int, int] = {}  # id of a torch.compile(m) wrapper whose call was seen -> m's key
         self.seq = itertools.count()
         self.step_starts: list[int] = []  # seq at which step 1, 2, ... began
         # Records of the thread that started the capture share this one int object (an ident is a
@@ -281,7 +283,8 @@ class Recorder:
         if key is None:
             children = getattr(module, "__dict__", {}).get("_modules")
             if children and "_orig_mod" in children:
-                return self.module_key(children["_orig_mod"])
+                key = self.wrappers[id(module)] = self.module_key(children["_orig_mod"])
+                return key
             key = self.module_ids[id(module)] = self.key(module)
         return key
 
