@@ -19,7 +19,7 @@ import typer
 
 from .compare import load_side_file, load_trace_file, print_comparison, safe_lines
 from .options import Output, RunOptions, UsageError, View, check_format, grouped, option
-from .outputs import anchored, check_renderable, started_streams
+from .outputs import anchored, check_renderable, real_stdout, started_streams
 from .outputs import console as _console
 from .outputs import emit_page as _emit
 from .outputs import output as _output
@@ -327,7 +327,8 @@ def _compared(result: Any) -> int:
     for note in result.notes:
         _stderr(f"note: {note}")
     if result.comparison is not None:
-        print(safe_lines(result.comparison.report()))
+        # the standard output the command started with, not a buffer the script left in sys.stdout
+        print(safe_lines(result.comparison.report()), file=real_stdout(), flush=True)
     if result.error is not None:
         _stderr(f"run failed: {result.error}")
         return EXIT_DIFFERENT
@@ -341,12 +342,13 @@ def _compared_script(target: Any, options: Any) -> int:
     """`exec --compare-eager`: run the script once, then print the report of its two windows."""
     from .runs.compare import CompareWindow
     from .runs.script import run_script
+    from .runs.uncaught import report_uncaught
 
     result = run_script(target, options, lambda r: None, window_type=CompareWindow)
     if result.exit_message is not None:
         _stderr(result.exit_message)
-    if result.exception is not None and result.traceback:
-        sys.stderr.write(result.traceback)
+    if result.exception is not None and result.traceback:  # as python reports it (its sys.excepthook)
+        report_uncaught(result.exception)
     compared = result.compared
     if compared is None:
         _stderr("the script ended before the eager run's window opened: nothing to compare")

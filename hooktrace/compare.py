@@ -250,11 +250,16 @@ def load_side_file(path: Path) -> Side:
         raise _unreadable(path, exc) from exc
 
 
-def print_comparison(expected: Side, observed: Side, *, check: bool, quiet: bool = False) -> bool:
-    """Print the ordering differences; True when the orders are equal. `quiet`: nothing when equal.
+def print_comparison(
+    expected: Side, observed: Side, *, check: bool, quiet: bool = False, stream: Any = None
+) -> bool:
+    """Print the ordering differences to `stream`; True when the orders are equal. `quiet`: nothing
+    when equal.
 
-    `diff` prints to stdout; `run --check` to stderr, as its stdout may hold a JSON trace."""
-    stream = sys.stderr if check else sys.stdout
+    By default `diff` prints to stdout; `run --check` to stderr, as its stdout may hold a JSON trace
+    (run and exec give the standard error the command started with, outputs.real_stderr)."""
+    if stream is None:
+        stream = sys.stderr if check else sys.stdout
     result = compare_sides(expected, observed)
     if result.equal:
         if not quiet:

@@ -5,6 +5,8 @@ what the report says ran, ran."""
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 from pathlib import Path
 from typing import Iterator
@@ -150,37 +152,78 @@ def test_run_compare_eager_refuses_what_it_cannot_do(
     assert not (tmp_path / "x.json").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after the rebase onto 1711c9f/91aaf78 (one driver, exec stop) the compare window counts no "
-    "optimizer step: the script ends inside the eager window; passed before that rebase (to fix)",
-)
+_TRAIN = """
+    import sys
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = []
+    compiled(torch.randn(2, 8))  # compiled before the hook: a stale graph
+    model[0].register_forward_hook(lambda m, i, o: steps.append(len(steps)))
+    for i in range(6):
+        compiled(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    print("steps ran", len(steps))
+    if sys.argv[1:] == ["leave"]:  # the script's stdout as it ends: a buffer it never reads
+        import io
+        sys.stdout = io.StringIO()
+"""
+
+
 def test_exec_compare_eager_runs_the_window_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Steps 0-1 under force_eager (the hook runs as Python), steps 2-3 compiled (Dynamo inlined it: the
+    same order, hook events inside the graph), then the script is stopped as exec stops it."""
     script = tmp_path / "train.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import torch
-            from torch import nn
-            torch.manual_seed(0)
-            model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
-            compiled = torch.compile(model, backend="eager")
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            steps = []
-            compiled(torch.randn(2, 8))  # compiled before the hook: a stale graph
-            model[0].register_forward_hook(lambda m, i, o: steps.append(len(steps)))
-            for i in range(6):
-                compiled(torch.randn(2, 8)).sum().backward()
-                opt.step()
-                opt.zero_grad()
-            print("steps ran", len(steps))
-            """
-        )
-    )
+    script.write_text(textwrap.dedent(_TRAIN))
     code = main(["exec", "--compare-eager", "--steps", "2", str(script)])
-    out = capsys.readouterr().out
-    assert code == 1
-    assert "eager: 2 hook calls as Python; compiled: 0" in out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == 0, captured  # the same order: the compiled run's hooks are hook events in its graph
+    assert "eager (force_eager) vs compiled: same hook order" in out
+    assert "eager: 2 hook calls as Python; compiled: 0" in out and "[inlined] '<lambda>'" in out
     assert "steps ran" not in out  # stopped after the compiled window, as exec stops after its window
     assert "[stale_graph]" not in out  # compiled before the window: the capture never saw that graph
+    assert "traced steps 2-3 (a step ends at each optimizer.step()); stopped the script there" in captured.err
     assert torch.compiler.is_compiling() is False
+
+
+def test_exec_compare_eager_traces_each_window_s_steps(tmp_path: Path) -> None:
+    """Each run is its window's steps, against the hook's own record: two Python calls under
+    force_eager, one in each step; two calls inside graphs compiled in the compiled run's window."""
+    from hooktrace.runs.compare import CompareWindow
+    from hooktrace.runs.script import ExecOptions, Script, run_script
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_TRAIN))
+    result = run_script(
+        Script(path=str(script)), ExecOptions(steps=2), lambda r: None, window_type=CompareWindow
+    )
+    compared = result.compared
+    assert result.stopped_after == 4 and compared is not None and compared.compiled is not None
+    eager = [(e.step, e.graph) for e in compared.eager.trace.events if e.hook is not None]
+    compiled = [(e.step, e.graph is not None) for e in compared.compiled.trace.events if e.hook is not None]
+    assert eager == [(0, None), (1, None)]
+    assert compiled == [(0, True), (1, True)]
+    assert compared.comparison is not None and compared.comparison.diff.equal
+
+
+def test_exec_compare_eager_reports_to_the_process_s_stdout(tmp_path: Path) -> None:
+    """A script that leaves sys.stdout a buffer of its own as it ends: the report still reaches the
+    process's standard output (as exec's tree does)."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_TRAIN))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    args = ["exec", "--compare-eager", "--keep-running", "--steps", "2", "train.py", "leave"]
+    ran = subprocess.run(
+        [sys.executable, "-m", "hooktrace", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("steps ran 6\n")  # as python runs it: Dynamo replays the hook's append
+    assert "eager (force_eager) vs compiled: same hook order" in ran.stdout, ran.stdout

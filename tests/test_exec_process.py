@@ -231,6 +231,33 @@ def test_the_tree_goes_to_the_process_s_standard_output(tmp_path, how):
     assert shown and "Linear" in traced.stdout, traced.stdout
 
 
+_CHECKED = """
+    import io, sys
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    model.register_forward_hook(lambda m, i, o: None)
+    if sys.argv[1] == "more":
+        model.register_forward_pre_hook(lambda m, i: None)
+        sys.stderr = io.StringIO()  # the script's own stderr: a buffer it never reads
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.ones(2)).sum().backward()
+        opt.step()
+"""
+
+
+def test_check_differences_go_to_the_process_s_standard_error(tmp_path):
+    """`exec --check GOLDEN` prints the differences on the standard error the command started with,
+    not into a buffer the script put in sys.stderr."""
+    _script(tmp_path, _CHECKED)
+    golden = _python(tmp_path, "-m", "hooktrace", "exec", "-o", "golden.json", "script.py", "same")
+    assert golden.returncode == 0, golden.stderr
+    traced = _python(tmp_path, "-m", "hooktrace", "exec", "--check", "golden.json", "script.py", "more")
+    assert traced.returncode == 1, traced.stderr
+    assert "hook order differs" in traced.stderr and "forward_pre hooks" in traced.stderr, traced.stderr
+
+
 # -- the working folder ----------------------------------------------------------------------------
 
 _CHDIR = """

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..compare import Side, print_comparison
-from ..outputs import is_html, output, rank_trace_path, stderr_line, write
+from ..outputs import is_html, output, rank_trace_path, real_stderr, stderr_line, write
 from .driver import LOADING
 
 if TYPE_CHECKING:
@@ -43,7 +43,11 @@ def differs(golden: Optional[Side], observed: Trace, name: str, quiet: bool) -> 
     """`--check GOLDEN`: whether `observed` differs from it (the differences printed); False without one."""
     if golden is None:
         return False
-    return not print_comparison(golden, Side(observed, False, name), check=True, quiet=quiet)
+    # on the standard error the command started with, not one the script left (a closed one, a buffer)
+    equal = print_comparison(
+        golden, Side(observed, False, name), check=True, quiet=quiet, stream=real_stderr()
+    )
+    return not equal
 
 
 def _notes(notes: list[str], golden: Optional[Side], quiet: bool) -> None:
@@ -106,7 +110,7 @@ def finish(result: Result, shown: Shown, golden: Optional[Side]) -> int:
         if result.traceback is not None:  # a script's: as python reports it (its sys.excepthook)
             report_uncaught(exc)
         elif shown.traceback:
-            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=real_stderr())
         stderr_line(f"run failed: {result.error}")
     if _shown(result, shown) and differs(golden, result.trace, result.label, shown.quiet):
         code = max(code, EXIT_DIFFERENT)
