@@ -92,7 +92,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "legacy": ("legacy backward hook", "#f6d5c1"),
     "tensor": ("tensor hook (grad, post-accumulate)", "#e6d3ee"),
     "node": ("autograd node hook", "#d0ece7"),
-    "comm": ("DDP communication hook", "#f8d7e3"),
+    "comm": ("communication hook (DDP, FSDP)", "#f8d7e3"),
     "engine": ("end-of-backward callback", "#dcedc8"),
     "optimizer": ("optimizer hook", "#ffe0b2"),
     "saved": ("saved-tensor pack/unpack", "#e0e0e0"),
@@ -162,6 +162,13 @@ TABLE: dict[str, Kind] = {
         # version 2: module scope
         Kind("forward_wrapper", (MODULE,), ENCLOSING, "forward wrapper", "forward", "bright_green"),
         Kind("comm", (MODULE,), BACKWARD, "DDP communication hook", "comm", "bright_red", args=2),  # (state, bucket)
+        # version 2: FSDP's communication hooks, kept on its state, not in a dict (capture/fsdp.py); the
+        # module is the FSDP module whose gradients or parameters they carry
+        Kind("fsdp_comm", (MODULE,), BACKWARD, "FSDP1 communication hook", "comm", "bright_red"),
+        Kind("fsdp_all_reduce", (MODULE,), BACKWARD, "FSDP2 all-reduce hook", "comm", "bright_red"),
+        Kind("fsdp_reduce_scatter", (MODULE,), BACKWARD, "FSDP2 custom reduce-scatter", "comm", "bright_red"),
+        # in forward (the module's pre-forward all-gather) and in backward (pre-backward, prefetch)
+        Kind("fsdp_all_gather", (MODULE,), ENCLOSING, "FSDP2 custom all-gather", "comm", "bright_red"),
         # version 2: autograd graph nodes (grad_fn, AccumulateGrad)
         Kind("node_pre", (NODE,), BACKWARD, "autograd node pre-hook", "node", "bright_blue", args=1,
              returned="the node's grad_outputs: the node and the hooks after it saw"),

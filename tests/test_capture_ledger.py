@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
 import hooktrace
-from hooktrace.capture.ledger import CURRENT, Ledger
+from hooktrace.capture.ledger import _ABSENT, CURRENT, Ledger
 from hooktrace.capture.session import TraceSession
 from hooktrace.capture.steps import Registrations, StepWatch, open_after
 
@@ -116,6 +116,11 @@ def _owners() -> list[Any]:
     owners += [torch._C._autograd.SavedTensor, torch.autograd, torch.autograd.Variable]
     if torch.distributed.is_available():
         owners.append(torch.distributed)
+    fsdp = ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "torch.distributed.fsdp._runtime_utils")
+    if all(name in sys.modules for name in fsdp):  # FSDP's comm-hook callers (capture/fsdp.py)
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+        owners += [sys.modules[name] for name in fsdp] + [FSDPModule, FullyShardedDataParallel]
     if "torch._dynamo" in sys.modules:  # compiled autograd's end_capture (capture/compiled.py)
         from torch._dynamo import compiled_autograd, output_graph, symbolic_convert
 
@@ -162,9 +167,14 @@ def _covered(ledger: Ledger, before: dict[tuple[int, str], Any]) -> None:
     patched = ledger.patched()
     assert patched
     namespaces = [o for o, _, _ in patched if isinstance(o, dict)]
-    for owner, name, _ in patched:
+    for owner, name, original in patched:
         if not isinstance(owner, dict):
-            assert (id(owner), name) in before, (owner, name)
+            # a name the capture adds (FSDP1's copies read `_hooktrace_fsdp_comm`) must be gone after:
+            # `_assert_same` finds anything of hooktrace's that appeared
+            assert (id(owner), name) in before or (name.startswith("_hooktrace_") and original is _ABSENT), (
+                owner,
+                name,
+            )
     assert len(namespaces) <= 1  # the copies' namespace, hooktrace's own
 
 

@@ -173,12 +173,28 @@ def _reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
         return _never_called(facts, hook)
     if hook.scope == MODULE and hook.module is None:
         return "its module is not part of the traced model", "warn"
+    if kind in (K.fsdp_all_gather, K.fsdp_reduce_scatter):
+        return _fsdp_collective_reason(facts, kind)
     info = TABLE.get(kind)
     if info is not None and info.phase == BACKWARD:
         return _backward_reason(facts, hook)
     if kind in FORWARD_KINDS or kind == K.forward_wrapper:
         return _forward_reason(facts, hook)
     return "the trace does not show why", "warn"
+
+
+def _fsdp_collective_reason(facts: _Facts, kind: str) -> tuple[str, str]:
+    what = "all-gather" if kind == K.fsdp_all_gather else "reduce-scatter"
+    if facts.trace.meta.world_size == 1:
+        return (
+            f"on a one-rank process group FSDP2 runs no {what} (it copies), so it calls no custom one",
+            "info",
+        )
+    return (
+        f"the trace does not show why (FSDP2 calls a custom {what} only when the process group has more "
+        f"than one rank; on one rank it copies instead)",
+        "warn",
+    )
 
 
 def _never_called(facts: _Facts, hook: Hook) -> tuple[str, str]:

@@ -50,6 +50,7 @@ class Pending:
     deleted: set[int] = dataclasses.field(default_factory=set)  # hooks code took out of their dict
     # node hooks on an AccumulateGrad node that their parameter's move (.to(), .double()) replaced
     replaced_nodes: set[int] = dataclasses.field(default_factory=set)
+    in_backward: list[int] = dataclasses.field(default_factory=list)  # Recorder.in_backward
     shapes: Optional[list[tuple]] = None  # Recorder.shapes: (seq, received, returned) with --shapes
     # compiled.Runs.runs: each run of a compiled graph (Dynamo's forward graphs, compiled autograd's)
     graph_runs: list[tuple] = dataclasses.field(default_factory=list)
@@ -256,6 +257,7 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
     raw += graph_rows(pending, hooks)
     raw.sort(key=itemgetter(0))
 
+    backward = frozenset(pending.in_backward)
     starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
     step = 0
     # thread -> (phase, path) of open calls. The capture records each call whole (enter, leave) on
@@ -285,7 +287,7 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
         if type_ == HOOK:
             if phase is None:
                 stack = open_calls.get(tid)
-                phase = stack[-1][0] if stack else kinds.FORWARD
+                phase = stack[-1][0] if stack else kinds.BACKWARD if seq in backward else kinds.FORWARD
                 if path is None and kind in _MODULE_OF_CALL and stack:
                     path = stack[-1][1]
         elif type_ == ENTER:

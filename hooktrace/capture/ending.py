@@ -155,6 +155,7 @@ def snapshot(
         compiled=rec.compiled,
         deleted=final.deleted,
         replaced_nodes=replaced,
+        in_backward=rec.in_backward,
         shapes=rec.shapes,
     )
 

@@ -90,6 +90,7 @@ class HookBook:
         # instead (capture/hookapis.py MultiGrad.on_inner, set while a capture is open)
         self.on_multi_grad: Optional[Callable[[Any, int], None]] = None
         self._api: dict[Any, int] = {}  # key -> trace id of a hook a PyTorch API holds (api_shim)
+        self.fsdp: Any = None  # FSDP's comm hooks (capture/fsdp.py Tracer), while a capture is open
 
     # -- ids and records ---------------------------------------------------------------
     def trace_id(self, d: dict, hid: int) -> int:
@@ -376,14 +377,21 @@ class HookBook:
     ) -> Any:
         """The recording shim of a hook a PyTorch API holds outside any dict (capture/hookapis.py),
         named after `name_from` (else `fn`); one record per `key` (per call when None)."""
-        tid = self._api.get(key) if key is not None else None
-        if tid is None or tid not in self.records:
-            tid = self._synthetic_record(fn if name_from is None else name_from, kind, owner, scope, site).id
-            if key is not None:
-                self._api[key] = tid
+        tid = self.api_record(fn if name_from is None else name_from, kind, owner, scope, site, key)
         shim = shims.make_shim(self.rec, fn, tid, kind, owner if scope == MODULE else None, False)
         shim.__wrapped__ = fn
         return shim
+
+    def api_record(
+        self, fn: Any, kind: str, owner: Any, scope: str, site: Optional[Site], key: Any = None
+    ) -> int:
+        """The trace id of a hook a PyTorch API holds outside any dict: one record per `key` (None: a new one)."""
+        tid = self._api.get(key) if key is not None else None
+        if tid is None or tid not in self.records:
+            tid = self._synthetic_record(fn, kind, owner, scope, site).id
+            if key is not None:
+                self._api[key] = tid
+        return tid
 
     def untraceable(self, fn: Any, kind: str, owner: Any, name: str) -> None:
         """A hook that runs where hooktrace cannot see it (a built-in C++ comm hook): shown, named `name`."""

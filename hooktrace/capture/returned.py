@@ -84,6 +84,10 @@ SAME = {
     K.pack: _ignored,
     K.unpack: _ignored,
     K.comm: _ignored,  # the future is the hook's result, not a replacement
+    K.fsdp_comm: _ignored,  # FSDP uses none of these results
+    K.fsdp_all_reduce: _ignored,
+    K.fsdp_reduce_scatter: _ignored,  # a Work or None: waited on, never used in place of a value
+    K.fsdp_all_gather: _ignored,
     K.forward_wrapper: _ignored,  # the forward's output, not a replacement
     # PyTorch drops what these return
     K.final_callback: _ignored,

@@ -211,6 +211,8 @@ def record_held(
         builtin = comm.builtin_hook(ddp)
         if builtin is not None:
             book.untraceable(None, K.comm, ddp, f"{builtin} (built-in)")
+    if book.fsdp is not None:  # FSDP's communication hooks (capture/fsdp.py)
+        book.fsdp.held(modules)
     for hd in dicts.hook_dicts_in(modules):  # the dicts that hold hooks
         if hd.scope == TENSOR:
             for hid in list(hd.d):

@@ -30,6 +30,7 @@ from . import (
     dicts,
     dynamo,
     ending,
+    fsdp,
     hookapis,
     kept,
     optim,
@@ -197,6 +198,7 @@ class Capture:
         optim.install(ledger)
         autograd.install(self, ledger)
         hookapis.install(hookapis.Tracer(self._book, self._site, self._lock, lambda: self._active), ledger)
+        fsdp.install(self._book, self._site, self._lock, lambda: self._active, ledger)
         self._graph_runs = compiled.Runs(self._rec)
         ledger.claim("graph_runs", self._graph_runs.record_run, "compiled-graph runs")
         self._compiled = compiled.Installed(self._rec, ledger)

@@ -201,6 +201,7 @@ class Recorder:
         "shapes",
         "calls",
         "compiled",
+        "in_backward",
         "modules",
         "module_ids",
         "types",
@@ -219,6 +220,9 @@ class Recorder:
         self.shapes: Optional[list[tuple]] = [] if shapes else None
         self.calls: list[tuple] = []
         self.compiled: list[int] = []  # enter seqs of module calls that ran compiled (torch.compile)
+        # seqs of hook calls of a kind whose phase is the enclosing module call's that ran while autograd's
+        # engine ran (FSDP2's all-gather in backward, where no module call is open)
+        self.in_backward: list[int] = []
         self.modules: list[Any] = []  # a weak reference to every object given a key (or the object)
         self.ids: dict[int, int] = {}  # id of a live object -> its key
         self.module_ids: dict[int, int] = {}  # the same, for the modules the call wrapper looks up

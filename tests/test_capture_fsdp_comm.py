@@ -1,0 +1,213 @@
+"""FSDP's communication hooks (capture/fsdp.py): FSDP2's `set_all_reduce_hook`, `set_custom_all_gather`,
+`set_custom_reduce_scatter` and FSDP1's `register_comm_hook`, each a kind of its own.
+
+Real FSDP on CPU: a one-rank gloo group here, two ranks through torchrun for the custom collectives
+(FSDP2 runs no all-gather or reduce-scatter on one rank). Each hook records its own name as it runs
+(and whether autograd's engine was running); hooktrace's events must be that record, in that order,
+with the FSDP module and the phase; traced and untraced give the same record and gradients, and
+what FSDP holds is the user's own object inside the block and after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hooktrace
+
+pytest.importorskip("torch.distributed.fsdp")
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+from .fsdp_comms import FSDP_KINDS, AllGather, ReduceScatter, fsdp_events, named  # noqa: E402
+
+HERE = "tests/test_capture_fsdp_comm.py"
+
+
+def _held(module: Any) -> list[tuple[Any, Any, Any]]:
+    """What the module's FSDP2 param groups hold."""
+    return [
+        (g._all_reduce_hook, g._all_gather_comm, g._reduce_scatter_comm)
+        for g in module._get_fsdp_state()._fsdp_param_groups
+    ]
+
+
+def _fsdp2(traced: bool) -> dict[str, Any]:
+    torch.manual_seed(0)
+    log: list[str] = []
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    fully_shard(m[0])
+    fully_shard(m)
+    before = named(log, "ar_block")
+    m[0].set_all_reduce_hook(before)  # before the block
+    ar_root, ag, rs = named(log, "ar_root"), AllGather(log, "ag"), ReduceScatter(log, "rs")
+    x = torch.randn(3, 4)
+    inside: list[Any] = []
+    with hooktrace.trace(m) if traced else contextlib.nullcontext() as t:
+        m.set_all_reduce_hook(ar_root)
+        m.set_custom_all_gather(ag)
+        m.set_custom_reduce_scatter(rs)
+        for step in range(2):
+            if step and traced:
+                t.mark_step()
+            m(x).sum().backward()
+            inside += [_held(m), _held(m[0])]
+    return {
+        "log": log,
+        "allocations": (ag.allocations, rs.allocations),
+        "grads": [p.grad.full_tensor() for p in m.parameters()],
+        "inside": inside,
+        "after": [_held(m), _held(m[0])],
+        "users": (ar_root, ag, rs, before),
+        "trace": t.trace if traced else None,
+    }
+
+
+def test_fsdp2_all_reduce_hooks_are_their_own_kind_in_the_order_they_ran(gloo_one_rank: None) -> None:
+    plain, traced = _fsdp2(False), _fsdp2(True)
+    assert plain["log"] == traced["log"] == ["ar_root", "ar_block"] * 2
+    assert plain["allocations"] == traced["allocations"]  # a custom comm's allocate is its own
+    for a, b in zip(plain["grads"], traced["grads"]):
+        assert torch.equal(a, b)
+    trace = traced["trace"]
+    events = fsdp_events(trace)
+    assert [name for name, *_ in events] == traced["log"]
+    assert {(name, kind, phase, module) for name, kind, phase, module in events} == {
+        ("ar_root", "fsdp_all_reduce", "backward", ""),
+        ("ar_block", "fsdp_all_reduce", "backward", "0"),
+    }
+    assert [e.step for e in trace.hook_events() if e.kind in FSDP_KINDS] == [0, 0, 1, 1]
+    hooks = {h.name: h for h in trace.hooks if h.kind in FSDP_KINDS}
+    assert hooks["ar_root"].registered_at.startswith(HERE) and hooks["ar_root"].module == ""
+    assert hooks["ar_block"].registered_at is None and hooks["ar_block"].module == "0"
+    assert hooks["ar_root"].defined_at.startswith("tests/fsdp_comms.py")
+    assert (hooks["AllGather"].kind, hooks["ReduceScatter"].kind) == (
+        "fsdp_all_gather",
+        "fsdp_reduce_scatter",
+    )
+    # what FSDP holds is the user's own, inside the block and after it
+    ar_root, ag, rs, before = traced["users"]
+    for root, block in zip(traced["inside"][::2], traced["inside"][1::2]):
+        assert root == [(ar_root, ag, rs)] and block[0][0] is before
+    assert traced["after"][0] == [(ar_root, ag, rs)] and traced["after"][1][0][0] is before
+    # one rank: FSDP2 runs no collective, so the custom ones are never called, and the trace says why
+    for comm in ("AllGather", "ReduceScatter"):
+        [never] = [s for s in trace.surprises if s.rule == "never-fired" and hooks[comm].id in s.hooks]
+        assert "more than one rank" in never.message and never.level == "warn"
+    # where the trace knows the group has one rank (`run`, a rank under torchrun), that is the reason
+    from hooktrace.analysis.never_fired import never_fired
+
+    trace.meta.world_size = 1
+    said = [s for s in never_fired(trace) if hooks["AllGather"].id in s.hooks]
+    assert (
+        said[0].level == "info" and "on a one-rank process group FSDP2 runs no all-gather" in said[0].message
+    )
+
+
+def test_fsdp1_comm_hook_fires_once_per_fsdp_unit_on_its_module(gloo_one_rank: None) -> None:
+    def run(traced: bool, registered_inside: bool) -> tuple[list[str], Any, list[Any], Any]:
+        torch.manual_seed(0)
+        log: list[str] = []
+        cpu = torch.device("cpu")
+        m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        m[0] = FSDP(m[0], device_id=cpu)
+        m = FSDP(m, device_id=cpu)
+
+        def comm_hook(state: Any, grad: torch.Tensor) -> None:  # NO_SHARD's signature (one rank)
+            log.append(f"comm {grad.numel()}")
+            torch.distributed.all_reduce(grad)
+
+        if not registered_inside:
+            m.register_comm_hook(None, comm_hook)
+        with hooktrace.trace(m) if traced else contextlib.nullcontext() as t:
+            if registered_inside:
+                m.register_comm_hook(None, comm_hook)
+            held = [u._comm_hook for u in FSDP.fsdp_modules(m)]
+            m(torch.randn(2, 4)).sum().backward()
+        assert held == [comm_hook] * 2 == [u._comm_hook for u in FSDP.fsdp_modules(m)]
+        return log, t.trace if traced else None, [p.grad for p in m.parameters()], comm_hook
+
+    for inside in (True, False):
+        plain, _, plain_grads, _ = run(False, inside)
+        log, trace, grads, hook = run(True, inside)
+        assert log == plain == ["comm 20", "comm 5"]  # the inner unit (4x4 + 4), then the root (4 + 1)
+        for a, b in zip(plain_grads, grads):
+            assert torch.equal(a, b)
+        events = fsdp_events(trace)
+        assert [(kind, phase, module) for _, kind, phase, module in events] == [
+            ("fsdp_comm", "backward", "_fsdp_wrapped_module.0"),
+            ("fsdp_comm", "backward", ""),
+        ]
+        hooks = [h for h in trace.hooks if h.kind == "fsdp_comm"]
+        assert {h.name for h in hooks} == {hook.__qualname__}
+        assert all((h.registered_at or "").startswith(HERE) == inside for h in hooks)
+        assert not [
+            s for s in trace.surprises if s.rule == "never-fired" and set(s.hooks) & {h.id for h in hooks}
+        ]
+
+
+def test_after_the_block_fsdp_calls_its_hooks_itself(gloo_one_rank: None) -> None:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    patched = (_fsdp_param_group.foreach_reduce, _fsdp_param_group.foreach_all_gather)
+    setter = vars(FSDPModule)["set_all_reduce_hook"]
+    log: list[str] = []
+    m = nn.Linear(4, 2)
+    fully_shard(m)
+    with hooktrace.trace(m):
+        m.set_all_reduce_hook(named(log, "ar"))
+        assert _fsdp_param_group.foreach_reduce is not patched[0]  # traced: the test can fail
+    assert (_fsdp_param_group.foreach_reduce, _fsdp_param_group.foreach_all_gather) == patched
+    assert vars(FSDPModule)["set_all_reduce_hook"] is setter
+    m(torch.randn(2, 4)).sum().backward()
+    assert log == ["ar"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_fsdp2_custom_collectives_on_two_ranks(tmp_path: Path) -> None:
+    """Two gloo ranks: the custom all-gather (forward, and backward's re-gather) and reduce-scatter
+    run, with the all-reduce hooks; each rank's events are its hooks' own record."""
+    script = Path(__file__).parent / "fsdp_comms.py"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+         str(_free_port()), str(script), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        result: dict[str, Any] = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        plain, traced = result["plain"], result["traced"]
+        assert plain["log"] == traced["log"] and plain["grads"] == traced["grads"]
+        log = [tuple(entry) for entry in traced["log"]]
+        names = [name for name, _ in log]
+        assert names.count("ag") == 6 and names.count("rs") == 4 and names.count("ar_root") == 2
+        phases = {"ag": None, "rs": "backward", "ar_root": "backward", "ar_block": "backward"}
+        alias = {"AllGather": "ag", "ReduceScatter": "rs"}  # a comm object is named by its class
+        events = [(alias.get(name, name), *rest) for name, *rest in traced["events"]]
+        # the hooks' own record: name, and whether autograd's engine ran them
+        assert [(name, phase == "backward") for name, _kind, phase, _m in events] == log
+        for name, kind, phase, module in events:
+            assert phases[name] in (None, phase)
+            assert kind == {"ag": "fsdp_all_gather", "rs": "fsdp_reduce_scatter"}.get(name, "fsdp_all_reduce")
+            assert module in ("", "0")
+        assert {phase for name, _k, phase, _m in events if name == "ag"} == {"forward", "backward"}
+        assert not traced["never_fired"]
