@@ -16,8 +16,10 @@ What to look for:
   has when the hook is registered: moving the model afterwards to another device or dtype
   (`--device cuda` on this CPU-built model, `.to("cuda")`, `.double()`) makes PyTorch replace it, so
   the hook never fires there, and `never-fired` says that the parameter's move replaced its
-  AccumulateGrad node (the order file differs between CPU and CUDA for that reason). Register such
-  a hook after the move to keep it.
+  AccumulateGrad node (the order file differs between CPU and CUDA for that reason). `--device meta`
+  goes further: the move makes new parameter tensors, so the `post_accumulate_grad` hooks stay on
+  the old ones too, and `never-fired` says the move replaced each parameter (and its node). Register
+  such hooks after the move, or build the model on its device, to keep them.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ class _Facts:
     kinds_fired: set = field(default_factory=set)
     errors: list[Event] = field(default_factory=list)
     replaced: set = field(default_factory=set)
+    replaced_params: set = field(default_factory=set)
 
     @classmethod
     def of(cls, trace: Trace) -> _Facts:
@@ -110,12 +111,15 @@ def never_fired(
     exclude: frozenset[int] | set[int] = frozenset(),
     in_graph: Optional[Collection[int]] = None,
     replaced: Collection[int] = frozenset(),
+    replaced_params: Collection[int] = frozenset(),
 ) -> list[Surprise]:
     """`exclude`: hooks the capture saw taken out of their dict again (no surprise that they did not
     fire). `in_graph`: hooks of a module that ran compiled (torch.compile), which ran inside the graph,
     not one by one; by default those the trace's own `compiled` surprises name (a loaded trace).
     `replaced`: node hooks whose AccumulateGrad node their parameter's move replaced (the capture saw
-    it: the trace alone does not show it)."""
+    it: the trace alone does not show it). `replaced_params`: hooks on a parameter of the model, or on its
+    AccumulateGrad node, that a move replaced by a new tensor (to or from `meta`: the capture saw the
+    model hold another tensor by that name)."""
     if in_graph is None:
         in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
     # the hooks that fired first (one pass): the rest of the facts only when some hook did not
@@ -125,6 +129,7 @@ def never_fired(
         return []
     facts = _Facts.of(trace)
     facts.replaced = set(replaced)
+    facts.replaced_params = set(replaced_params)
     groups: dict[tuple[str, str], list[Hook]] = defaultdict(list)
     for hook in silent:
         found = _reason(facts, hook)
@@ -235,6 +240,22 @@ def _backward_reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
             "{its} parameter was moved to another dtype or device (`.to()`, `.double()`, `--device`) after "
             "the hook was registered, which replaced the parameter's AccumulateGrad node: backward runs the "
             "new node, not the one the hook is on (register it after the move)",
+            "warn",
+        )
+    if hook.id in facts.replaced_params:
+        moved = (
+            "{its} parameter was moved after the hook was registered (`--device meta`, or another move that "
+            "makes new parameter tensors), which replaced the parameter by a new tensor"
+        )
+        if hook.scope == NODE:
+            return (
+                f"{moved} and so replaced its AccumulateGrad node: backward runs the new parameter's node, "
+                "not the one the hook is on (register it after the move, or build the model on that device)",
+                "warn",
+            )
+        return (
+            f"{moved}, with an AccumulateGrad node of its own: the hook stays on the old tensor, which "
+            "backward no longer reaches (register it after the move, or build the model on that device)",
             "warn",
         )
     if backward == "no-grad":

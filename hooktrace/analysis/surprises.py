@@ -458,12 +458,14 @@ def find_surprises(
     compiled_calls: Optional[Windows] = None,
     replaced_nodes: Collection[int] = frozenset(),
     compiled_graphs: Optional[Graphs] = None,
+    replaced_params: Collection[int] = frozenset(),
 ) -> list[Surprise]:
     """Every rule over the trace, in the order of docs/surprises.md's table, then `compiled`. The capture's
     facts, when known: `deleted`, ids of hooks their own code took out of their dict again
     (remove_spectral_norm): they are no never-fired; `compiled_calls`, the module calls that ran
     compiled (capture/build.py `compiled_windows`); `replaced_nodes`, node hooks on an AccumulateGrad node
-    that their parameter's move to another dtype or device replaced;
+    that their parameter's move to another dtype or device replaced; `replaced_params`, hooks on a
+    parameter (or its AccumulateGrad node) that a move replaced by a new tensor (to or from `meta`);
     `compiled_graphs`, the hooks Dynamo compiled into each graph (capture/build.py `compiled_graphs`)."""
     in_graph = compiled(trace, compiled_calls or {}, compiled_graphs)
     # a trace analysed again (loaded) keeps its own `compiled` surprises: never_fired reads them
@@ -472,7 +474,13 @@ def find_surprises(
     for name, rule in RULES.items():
         if name == "never-fired":
             found.extend(
-                never_fired(trace, exclude=set(deleted), in_graph=hidden, replaced=set(replaced_nodes))
+                never_fired(
+                    trace,
+                    exclude=set(deleted),
+                    in_graph=hidden,
+                    replaced=set(replaced_nodes),
+                    replaced_params=set(replaced_params),
+                )
             )
         else:
             found.extend(rule(trace))

@@ -30,6 +30,8 @@ class Record(Hook):
     removed: bool = False
     # (dtype, device) of the parameter an AccumulateGrad node accumulates, when a hook went on the node
     node_of: Optional[tuple[Any, Any]] = None
+    # (module path, name, (dtype, device)) of the model's parameter the hook went on, as it was then
+    param_of: Optional[tuple[str, str, Any]] = None
 
 
 @dataclass
@@ -50,6 +52,8 @@ class Pending:
     deleted: set[int] = dataclasses.field(default_factory=set)  # hooks code took out of their dict
     # node hooks on an AccumulateGrad node that their parameter's move (.to(), .double()) replaced
     replaced_nodes: set[int] = dataclasses.field(default_factory=set)
+    # hooks on a parameter the model no longer holds: a move made a new tensor (trace id -> its name)
+    replaced_params: dict[int, str] = dataclasses.field(default_factory=dict)
     in_backward: list[int] = dataclasses.field(default_factory=list)  # Recorder.in_backward
     shapes: Optional[list[tuple]] = None  # Recorder.shapes: (seq, received, returned) with --shapes
     # compiled.Runs.runs: each run of a compiled graph (Dynamo's forward graphs, compiled autograd's)

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..kinds import MODULE, TENSOR
+from ..kinds import MODULE, NODE, TENSOR
 from ..schema import Meta, Module
 from . import build, dicts, hookapis, roots, shims
 from .records import HookBook
@@ -32,6 +32,9 @@ class Final:
     deleted: set[int] = dataclasses.field(default_factory=set)
     # ids of dicts that hold every hook the capture saw in them, as their last view saw them
     unchanged: set[int] = dataclasses.field(default_factory=set)
+    # trace id -> (path, name) of a hook on a parameter that the model now holds another tensor in place
+    # of, on another device or of another dtype: a move made it (to or from `meta`)
+    replaced: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def modules_of(rec: shims.Recorder, model: Any) -> tuple[list[tuple[str, Any]], list[Any]]:
@@ -68,16 +71,29 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
     tensors = (r.tensor_ref() for r in book.records.values() if r.tensor_ref is not None)
     wanted = {id(t) for t in tensors if t is not None}
     paths, params, key = final.paths, final.params, rec.key
+    # hooks on a parameter of the model (when the capture met it): the model's by name, to see a move
+    earlier = book.param_records
+    now: dict[tuple[str, str], Any] = {}
     wrapper = model if roots.compiled_inner(model) is not None else None
     for path, module in named:
         paths[key(module)] = path
         if module is not wrapper:
             final.modules.append(Module(path, type(module).__name__))
-        held = module.__dict__.get("_parameters") if wanted else None
+        held = module.__dict__.get("_parameters") if wanted or earlier else None
         if held:
             for pname, param in held.items():
                 if id(param) in wanted and id(param) not in params:
                     params[id(param)] = (path, pname)
+                if earlier:
+                    now[(path, pname)] = param
+    for r in earlier:
+        # another tensor by its name, on another device or of another dtype: a move made it (a parameter
+        # the user assigned anew on the same device is no move); the old one may be gone with its hooks
+        path, pname, placed = r.param_of  # type: ignore[misc]
+        new = now.get((path, pname))
+        old = r.tensor_ref() if r.tensor_ref is not None else None
+        if new is not None and new is not old and dtype_and_device(new) != placed:
+            final.replaced[r.id] = (path, pname)
     return final
 
 
@@ -125,6 +141,7 @@ def snapshot(
     records = build.ordered(book.records, final.order)
     alive: Optional[set[int]] = None  # read when a node hook asks
     replaced: set[int] = set()
+    replaced_params: dict[int, str] = {}
     for r in records:
         tensor = r.tensor_ref() if r.tensor_ref is not None else None
         # PyTorch drops a parameter's AccumulateGrad node when the parameter moves to another dtype or
@@ -136,6 +153,10 @@ def snapshot(
             if now is not None and now != r.node_of:
                 replaced.add(r.id)
         r.module, r.tensor = hook_place(r.scope, r.owner, tensor, r.tensor_desc, paths, final.params)
+        moved = final.replaced.get(r.id) if final.replaced else None
+        if moved is not None and r.scope in (TENSOR, NODE):  # named as the parameter it was on
+            r.module, r.tensor = moved[0], f"{moved[0]}.{moved[1]}" if moved[0] else moved[1]
+            replaced_params[r.id] = r.tensor
         r.owner = r.tensor_ref = r.tensor_desc = None
     meta.torch = str(torch.__version__)  # not TorchVersion: the trace holds plain values
     meta.python = platform.python_version()
@@ -155,6 +176,7 @@ def snapshot(
         compiled=rec.compiled,
         deleted=final.deleted,
         replaced_nodes=replaced,
+        replaced_params=replaced_params,
         in_backward=rec.in_backward,
         shapes=rec.shapes,
     )

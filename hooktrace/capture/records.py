@@ -20,7 +20,7 @@ from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import 
 from ..kinds import GLOBAL, MODULE, SAVED_TENSORS, TENSOR, K
 from . import comm, dicts, hookapis, shims, sites
 from .build import Record
-from .tensors import weak
+from .tensors import dtype_and_device, weak
 
 # Hook ids are PyTorch's handle ids, unique in the process. A dict copied with its module
 # (`copy.deepcopy`) holds the same ids: its hooks get ids.copy_id(n, id), n = 1, 2, ... per copied
@@ -91,6 +91,10 @@ class HookBook:
         self.on_multi_grad: Optional[Callable[[Any, int], None]] = None
         self._api: dict[Any, int] = {}  # key -> trace id of a hook a PyTorch API holds (api_shim)
         self.fsdp: Any = None  # FSDP's comm hooks (capture/fsdp.py Tracer), while a capture is open
+        # id(parameter) -> (weakref, module path, name) of the model's parameters when the capture met
+        # the model (met_model): a move that makes new parameters (to or from `meta`) leaves hooks on these
+        self.model_params: dict[int, tuple[Any, str, str]] = {}
+        self.param_records: list[Record] = []  # the records mark_param named a parameter of
 
     # -- ids and records ---------------------------------------------------------------
     def trace_id(self, d: dict, hid: int) -> int:
@@ -300,6 +304,8 @@ class HookBook:
         record = self.record(d, hid, fn, kind, None, scope)
         if record.tensor_ref is None:
             record.tensor_ref = weak(tensor)
+            if self.model_params:
+                self.mark_param(record, tensor)
         shim = self._shim(record, fn, None)
         key = id(shim)
         table = self.tensor_shims
@@ -310,6 +316,27 @@ class HookBook:
             if record.removed:  # its handle removed it on another thread between the read and the write
                 d.pop(hid, None)
         return record
+
+    def mark_param(self, record: Record, tensor: Any) -> None:
+        """Note which of the model's parameters `tensor` is (a move may replace it, `ending.walk`)."""
+        known = self.model_params.get(id(tensor))
+        if known is not None and record.param_of is None and known[0]() is tensor:
+            record.param_of = (known[1], known[2], dtype_and_device(tensor))
+            self.param_records.append(record)
+
+    def met_model(self, named: list[tuple[str, Any]]) -> None:
+        """The model's modules (path, module): its parameters now, and which of them hooks are on."""
+        known = self.model_params
+        for path, module in named:
+            for name, param in (module.__dict__.get("_parameters") or {}).items():
+                if param is not None and id(param) not in known:
+                    ref = weak(param)
+                    if ref is not None:
+                        known[id(param)] = (ref, path, name)
+        for record in list(self.records.values()):
+            tensor = record.tensor_ref() if record.tensor_ref is not None else None
+            if tensor is not None:
+                self.mark_param(record, tensor)
 
     # -- hooks without a RemovableHandle -----------------------------------------------
     def _synthetic_record(self, fn: Any, kind: str, owner: Any, scope: str, site: Optional[Site]) -> Record:
@@ -452,3 +479,5 @@ class HookBook:
         self._wrappers.clear()
         self._saved.clear()
         self._api.clear()
+        self.model_params.clear()
+        self.param_records.clear()

@@ -202,9 +202,11 @@ def record_held(
     modules: list[Any] = []
     if isinstance(model, torch.nn.Module):
         module_key = rec.module_key
-        for path, module in model_modules(model):
+        named = model_modules(model)
+        for path, module in named:
             paths[module_key(module)] = path  # known now, so the module's first call does not add it
             modules.append(module)
+        book.met_model(named)
     for ddp in comm.ddp_modules_in(modules):
         for hook, _state in list(getattr(ddp, "_comm_hooks", ())):
             comm_hook(ddp, hook, None)

@@ -470,6 +470,7 @@ class TraceSession:
                         deleted=pending.deleted,
                         compiled_calls=build.compiled_windows(pending),
                         replaced_nodes=pending.replaced_nodes,
+                        replaced_params=pending.replaced_params,
                         compiled_graphs=build.compiled_graphs(pending),
                     )
             self._trace = trace
