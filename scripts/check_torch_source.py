@@ -15,7 +15,12 @@ files, with the torch installed here only as the namespace the rewritten copies 
 - every function, method and hook dict that the capture patches or reads by name exists in ROOT's
   sources (the registration methods of each hook kind, the global hook dicts, `RemovableHandle`,
   `BackwardHook.setup_output_hook`, `_HookMixin._register_hook`, `saved_tensors_hooks.__enter__`,
-  the C functions' stubs, DDP's `register_comm_hook`, `torch.compiler.is_compiling`, ...).
+  the C functions' stubs, DDP's `register_comm_hook`, `torch.compiler.is_compiling`, ...);
+- Dynamo's names that capture/compiled.py (the compiled-forward and compiled-autograd patches),
+  capture/dynamo.py (the frames Dynamo skips) and capture/views.py (whether a compile is under way)
+  read exist in ROOT's sources, and the functions compiled.py patches or wraps take the parameters
+  it accepts (the same lists it checks at run time: `inline_call`, `call_user_compiler`,
+  `end_capture` and the runtime wrapper it returns).
 
 Prints one line per check and `N passed, N failed`; exits 0 when every check passed, else 1; 2 on bad
 input. README "Torch versions" says which torch was checked this way (2.15.0).
@@ -34,7 +39,7 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
 
 from hooktrace import kinds
-from hooktrace.capture import dicts, optim, registry, views
+from hooktrace.capture import compiled, dicts, optim, registry, views
 
 MODULE_PY = "torch/nn/modules/module.py"
 OPTIMIZER_PY = "torch/optim/optimizer.py"
@@ -68,6 +73,52 @@ NAMES: list[tuple[str, str]] = [
     *((OPTIMIZER_PY, f"Optimizer.{name}") for name, _ in registry.OPTIMIZER_METHODS),
     *((OPTIMIZER_PY, name) for name, _ in registry.OPTIMIZER_FUNCTIONS),
     *((OPTIMIZER_PY, name) for name, _ in dicts.GLOBAL_OPTIMIZER_DICTS),
+]
+# what capture/compiled.py, capture/dynamo.py and capture/views.py read of Dynamo by name
+DYNAMO_NAMES: list[tuple[str, str]] = [
+    ("torch/_dynamo/symbolic_convert.py", "InliningInstructionTranslator.inline_call"),
+    ("torch/_dynamo/output_graph.py", "OutputGraph.call_user_compiler"),
+    ("torch/_dynamo/output_graph.py", "OutputGraph.side_effects"),
+    ("torch/_dynamo/output_graph.py", "OutputGraph.graph"),
+    ("torch/_dynamo/output_graph.py", "OutputGraph.get_submodule"),
+    ("torch/_dynamo/side_effects.py", "SideEffects.is_modified"),
+    ("torch/_dynamo/compiled_autograd.py", "AutogradCompilerInstance.end_capture"),
+    ("torch/_dynamo/external_utils.py", "call_hook"),
+    ("torch/fx/_lazy_graph_module.py", "_LazyGraphModule.force_recompile"),
+    *(("torch/_dynamo/variables/nn_module.py", name) for name in sorted(compiled._MODULE_VARIABLES)),
+    ("torch/_C/_dynamo/eval_frame.pyi", "set_code_exec_strategy"),
+    ("torch/_C/_dynamo/eval_frame.pyi", "_FrameExecStrategy"),
+    ("torch/_C/_dynamo/eval_frame.pyi", "_FrameAction.SKIP"),
+    ("torch/_C/_dynamo/eval_frame.pyi", "_FrameAction.DEFAULT"),
+]
+# views.py tells a compile under way by is_compiling() where torch has `_compile_session_context` (2.13
+# on: True all through a compile), else by Dynamo's CompileContext as well: one of the two
+COMPILE_MARK = ("torch/compiler/__init__.py", "_compile_session_context")
+COMPILE_CONTEXT = ("torch/_guards.py", "CompileContext.try_get")
+# attributes compiled.py's `_footprint` reads of an OutputGraph's side effects, set in SideEffects.__init__
+DYNAMO_ATTRS: list[tuple[str, str]] = [
+    ("torch/_dynamo/side_effects.py", attr)
+    for attr in ("id_to_variable", "store_attr_mutations", "tensor_hooks")
+]
+# (file, def (a nested one as `Class.method.inner`), the parameter lists compiled.py accepts, as
+# `inspect.signature` gives them: a classmethod's without `cls`, a method read from its class with `self`)
+SIGNATURES: list[tuple[str, str, tuple[list[str], ...]]] = [
+    (
+        "torch/_dynamo/symbolic_convert.py",
+        "InliningInstructionTranslator.inline_call",
+        (compiled._INLINE_PARAMS, compiled._INLINE_PARAMS_OLD),
+    ),
+    ("torch/_dynamo/output_graph.py", "OutputGraph.call_user_compiler", (compiled._COMPILER_PARAMS,)),
+    (
+        "torch/_dynamo/compiled_autograd.py",
+        "AutogradCompilerInstance.end_capture",
+        (compiled._END_CAPTURE_PARAMS,),
+    ),
+    (
+        "torch/_dynamo/compiled_autograd.py",
+        "AutogradCompilerInstance.end_capture.runtime_wrapper",
+        (compiled._RUNTIME_PARAMS,),
+    ),
 ]
 # a module's hook dict is set in `Module.__init__` (or `__setstate__`) as `self.<attr>`, an
 # optimizer's in `Optimizer.__init__`/`_patch_step_function` as `self.<attr>`
@@ -223,6 +274,55 @@ def _name_defined(root: Path, trees: dict[str, ast.Module], rel: str, name: str)
         raise KeyError(f"{rel} does not define {name}")
 
 
+def _def(tree: ast.Module, rel: str, dotted: str) -> Any:
+    """The class or function `dotted` names: `Class.method` one level down, a further part a def
+    anywhere inside the function before it."""
+    node: Any = tree
+    for part in dotted.split("."):
+        inside = node.body if isinstance(node, (ast.Module, ast.ClassDef)) else list(ast.walk(node))[1:]
+        node = next(
+            (
+                n
+                for n in inside
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+            ),
+            None,
+        )
+        if node is None:
+            raise KeyError(f"{rel} does not define {dotted}")
+    return node
+
+
+def _signature(
+    root: Path, trees: dict[str, ast.Module], rel: str, dotted: str, accepted: tuple[list[str], ...]
+) -> str:
+    if rel not in trees:
+        trees[rel] = ast.parse((root / rel).read_text(encoding="utf-8"), rel)
+    node = _def(trees[rel], rel, dotted)
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise KeyError(f"{rel}: {dotted} is not a function")
+    a = node.args
+    params = [p.arg for p in (*a.posonlyargs, *a.args)]
+    params += [a.vararg.arg] if a.vararg else []
+    params += [p.arg for p in a.kwonlyargs] + ([a.kwarg.arg] if a.kwarg else [])
+    if any(isinstance(d, ast.Name) and d.id == "classmethod" for d in node.decorator_list):
+        params = params[1:]  # read through the class: bound, without cls
+    if params not in [list(names) for names in accepted]:
+        raise KeyError(
+            f"{rel}: {dotted} takes ({', '.join(params)}), hooktrace reads one of {list(accepted)}"
+        )
+    return f"({', '.join(params)})"
+
+
+def _compile_test(root: Path, trees: dict[str, ast.Module]) -> str:
+    try:
+        _name_defined(root, trees, *COMPILE_MARK)
+        return "is_compiling() all through a compile (torch.compiler._compile_session_context, 2.13 on)"
+    except KeyError:
+        _name_defined(root, trees, *COMPILE_CONTEXT)
+        return "before 2.13: is_compiling() or torch._guards.CompileContext.try_get()"
+
+
 def _attr_set(root: Path, rel: str, attr: str) -> None:
     text = (root / rel).read_text(encoding="utf-8")
     if not re.search(rf"\bself\.{re.escape(attr)}\b|[\"']{re.escape(attr)}[\"']", text):
@@ -254,6 +354,16 @@ def main(argv: list[str]) -> int:
         checks.run(f"{rel} defines {name}", lambda rel=rel, name=name: _name_defined(root, trees, rel, name))
     for rel, attr in dict.fromkeys(ATTRS):
         checks.run(f"{rel} names the hook dict {attr}", lambda rel=rel, attr=attr: _attr_set(root, rel, attr))
+    for rel, name in DYNAMO_NAMES:
+        checks.run(f"{rel} defines {name}", lambda rel=rel, name=name: _name_defined(root, trees, rel, name))
+    checks.run("a compile under way can be told (capture/views.py)", lambda: _compile_test(root, trees))
+    for rel, attr in DYNAMO_ATTRS:
+        checks.run(f"{rel} sets {attr}", lambda rel=rel, attr=attr: _attr_set(root, rel, attr))
+    for rel, dotted, accepted in SIGNATURES:
+        checks.run(
+            f"{rel}: {dotted} takes the parameters hooktrace reads",
+            lambda rel=rel, dotted=dotted, accepted=accepted: _signature(root, trees, rel, dotted, accepted),
+        )
     kinds_seen = sorted({kind for _, kind in registry.MODULE_METHODS + registry.TENSOR_METHODS})
     print(
         f"hook kinds whose registration was checked: {', '.join(kinds_seen)} (and {len(kinds.KINDS)} kinds in all)"

@@ -3,7 +3,8 @@
 # For each torch version: a venv OUTSIDE the checkout with that torch (the registry's build: on Linux
 # the CUDA one, run on CPU; 6-7 GB) and hooktrace's dev extras installed without changing torch; the
 # order file of every sample (scripts/sample_orders.sh), compared byte for byte with the reference
-# version's; then the whole suite. The venv is deleted after (KEEP=1 keeps it).
+# version's; the source checks of scripts/check_torch_source.py on that torch's own installed files;
+# then the whole suite (-n 1: the machine's cores are shared). The venv is deleted after (KEEP=1 keeps it).
 #
 #   scripts/torch_matrix.sh [VERSION...]      default: 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.14.1
 #   TORCHVER_DIR=/tmp/torchver                 venvs, order files, logs
@@ -11,6 +12,7 @@
 #                                              with the `hooktrace` of the calling environment, which
 #                                              must hold that torch (the developers' .venv)
 #   SUITE=0                                    order files only, no suite
+#   JOBS=1                                     pytest -n (xdist workers) for the suite
 #
 # torch 2.15 is not installable from this machine's package index: its sources (an unpacked wheel or
 # PyTorch's public checkout at the v2.15.0 tag, outside the checkout) are checked instead with
@@ -48,8 +50,11 @@ for v in "${versions[@]}"; do
     if cmp -s "$f" "$dir/orders-$v/$n"; then same=$((same + 1)); else differ+=("$n"); fi
   done
   echo "sample order files byte-equal to torch $ref's: $same, differing: ${#differ[@]} ${differ[*]}"
+  site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  PYTHONPATH="$repo" "$venv/bin/python" scripts/check_torch_source.py "$site" >"$dir/check-$v.log" 2>&1
+  echo "source checks on its own files: $(tail -n 1 "$dir/check-$v.log")"
   if [ "${SUITE:-1}" != 0 ]; then
-    PATH="$venv/bin:$PATH" PYTHONPATH="$repo" "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider -rfEs \
+    PATH="$venv/bin:$PATH" PYTHONPATH="$repo" "$venv/bin/python" -m pytest -n "${JOBS:-1}" -q -p no:cacheprovider -rfEs \
       >"$dir/suite-$v.log" 2>&1
     echo "suite: $(tail -n 1 "$dir/suite-$v.log")"
     grep -E "^(SKIPPED|FAILED|ERROR)" "$dir/suite-$v.log" | sed 's/^/  /'

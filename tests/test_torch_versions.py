@@ -180,7 +180,9 @@ def _checker_names() -> list[tuple[str, str]]:
     assert spec is not None and spec.loader is not None
     checker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(checker)
-    return [*checker.NAMES, *checker.ATTRS]
+    signatures = [(rel, name) for rel, name, _ in checker.SIGNATURES]
+    marks = [checker.COMPILE_MARK, checker.COMPILE_CONTEXT]
+    return [*checker.NAMES, *checker.ATTRS, *checker.DYNAMO_NAMES, *checker.DYNAMO_ATTRS, *signatures, *marks]
 
 
 def test_the_source_checker_passes_on_the_installed_torchs_sources(tmp_path: Path) -> None:
@@ -212,8 +214,20 @@ def test_the_source_checker_passes_on_the_installed_torchs_sources(tmp_path: Pat
             "def setup_outputs_hook(",
             "FAIL torch/utils/hooks.py defines BackwardHook.setup_output_hook",
         ),
+        (
+            "torch/_dynamo/compiled_autograd.py",
+            "def end_capture(self, outputs",
+            "def end_capture(self, graph_outputs",
+            "FAIL torch/_dynamo/compiled_autograd.py: AutogradCompilerInstance.end_capture takes the parameters",
+        ),
+        (
+            "torch/_C/_dynamo/eval_frame.pyi",
+            "def set_code_exec_strategy(",
+            "def set_code_strategy(",
+            "FAIL torch/_C/_dynamo/eval_frame.pyi defines set_code_exec_strategy",
+        ),
     ],
-    ids=["module-read", "optimizer-edit", "patched-name"],
+    ids=["module-read", "optimizer-edit", "patched-name", "dynamo-signature", "dynamo-name"],
 )
 def test_the_source_checker_fails_where_a_rewrite_or_a_name_does_not_match(
     tmp_path: Path, rel: str, old: str, new: str, words: str
