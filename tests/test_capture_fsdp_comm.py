@@ -174,6 +174,25 @@ def test_after_the_block_fsdp_calls_its_hooks_itself(gloo_one_rank: None) -> Non
     assert log == ["ar"]
 
 
+def test_the_hooks_fsdp_holds_at_the_end_are_listed_as_registered(gloo_one_rank: None) -> None:
+    """`hooktrace hooks` lists what FSDP will call: the hook a setter replaced is not among them."""
+    from hooktrace.analysis.listing import firing_order
+
+    log: list[str] = []
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    fully_shard(m[0])
+    fully_shard(m)
+    first, second = named(log, "first"), named(log, "second")
+    with hooktrace.trace(m) as t:
+        m.set_all_reduce_hook(first)
+        m[0].set_all_reduce_hook(first)
+        m.set_all_reduce_hook(second)  # FSDP holds `second` on the root from now on
+    rows = [(r.module, [h.name for h in r.hooks]) for r in firing_order(t.trace, t.held_ids)]
+    assert [row for row in rows if row[1][0] in ("first", "second")] == [("", ["second"]), ("0", ["first"])]
+    assert m._get_fsdp_state()._fsdp_param_groups[0]._all_reduce_hook is second
+    assert log == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

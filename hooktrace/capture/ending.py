@@ -67,6 +67,7 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
                 book.unwrap(d)
             book.infer_prepends(d)
     final.deleted = book.deleted(final.unchanged)
+    final.order.extend(book.api_held)  # held outside any dict (FSDP's comm hooks): registered still
     # names of the parameters some hook was on (hook_place): only those are looked for
     tensors = (r.tensor_ref() for r in book.records.values() if r.tensor_ref is not None)
     wanted = {id(t) for t in tensors if t is not None}

@@ -40,6 +40,7 @@ from ..kinds import MODULE, K
 from . import ranges, shims
 from . import shapes as describe
 from .ledger import Ledger
+from .tensors import weak
 from .views import _is_compiling
 
 _GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
@@ -145,8 +146,8 @@ class Tracer:
         self._active = active
         self._ledger: Optional[Ledger] = None
         self._patched: set[str] = set()
-        # (kind, module key, id(hook)) -> (hook, its trace id)
-        self._ids: dict[tuple[str, Any, int], tuple[Any, int]] = {}
+        # (kind, module key, id(hook)) -> (hook, its trace id, a weak reference to the module or None)
+        self._ids: dict[tuple[str, Any, int], tuple[Any, int, Any]] = {}
 
     # -- hooks and their calls --------------------------------------------------------------
     def hook_id(self, kind: str, module: Any, hook: Any, frame: Optional[types.FrameType] = None) -> int:
@@ -158,7 +159,7 @@ class Tracer:
             if entry is not None and entry[0] is hook and entry[1] in self._book.records:
                 return entry[1]
             tid = self._book.api_record(hook, kind, module, MODULE, site)
-            self._ids[key] = (hook, tid)
+            self._ids[key] = (hook, tid, None if module is None else weak(module))
             return tid
 
     def recorded(self, hook: Any, kind: str, module: Any) -> Callable[..., Any]:
@@ -209,6 +210,22 @@ class Tracer:
                 hook = getattr(module, "_comm_hook", None)
                 if hook is not None:
                     self.hook_id(K.fsdp_comm, module, hook)
+
+    def end(self) -> None:
+        """The block ends: the hooks FSDP still holds are registered hooks (`hooktrace hooks` lists
+        them, `book.api_held`); nothing of them is kept after."""
+        for (kind, _key, _i), (hook, tid, ref) in list(self._ids.items()):
+            module = ref() if ref is not None else None
+            if module is None:
+                continue
+            if kind == K.fsdp_comm:
+                held = getattr(module, "_comm_hook", None) is hook
+            else:
+                attr = next(a for _s, a, k in _FSDP2 if k == kind)
+                held = any(getattr(g, attr, None) is hook for g in _param_groups(module))
+            if held:
+                self._book.api_held.append(tid)
+        self._ids.clear()
 
     # -- patches ----------------------------------------------------------------------------
     def install(self, ledger: Ledger) -> None:
@@ -307,4 +324,4 @@ def install(
     book.fsdp = tracer
     ledger.on_restore(lambda: setattr(book, "fsdp", None))
     tracer.install(ledger)
-    ledger.on_restore(tracer._ids.clear)
+    ledger.on_restore(tracer.end)

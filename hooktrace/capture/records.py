@@ -91,6 +91,7 @@ class HookBook:
         self.on_multi_grad: Optional[Callable[[Any, int], None]] = None
         self._api: dict[Any, int] = {}  # key -> trace id of a hook a PyTorch API holds (api_shim)
         self.fsdp: Any = None  # FSDP's comm hooks (capture/fsdp.py Tracer), while a capture is open
+        self.api_held: list[int] = []  # trace ids of hooks a PyTorch API still held when the block ended
         # id(parameter) -> (weakref, module path, name) of the model's parameters when the capture met
         # the model (met_model): a move that makes new parameters (to or from `meta`) leaves hooks on these
         self.model_params: dict[int, tuple[Any, str, str]] = {}
@@ -480,4 +481,5 @@ class HookBook:
         self._saved.clear()
         self._api.clear()
         self.model_params.clear()
+        self.api_held.clear()
         self.param_records.clear()
