@@ -73,6 +73,9 @@ def build_trace(pending: Pending) -> Trace:
 
 
 Windows = dict[Optional[str], list[tuple[int, int]]]
+# the module key of a graph run's entry that stands for a hook only when it ran as Python (PyTorch's
+# multi-grad inner hook in a compiled-autograd graph calls the user's function, or does not)
+ONLY_AS_PYTHON = -1
 
 
 def compiled_windows(pending: Pending) -> Windows:
@@ -137,7 +140,10 @@ def graph_rows(pending: Pending, hooks: dict[int, Hook]) -> list[tuple]:
                 python.setdefault((hid, module_id), []).append(seq)
         at, n = enter, len(entries) + 1
         for i, (hid, module_key) in enumerate(entries):
-            ran = python.get((hid, module_key))
+            optional = module_key == ONLY_AS_PYTHON
+            ran = python.get((hid, None if optional else module_key))
+            if optional and not ran:
+                continue  # it made no call
             if ran:
                 seq = ran.pop(0)  # traced by its shim: the next hooks of the graph come after it
                 at = seq

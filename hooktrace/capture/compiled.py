@@ -38,7 +38,8 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .. import kinds
-from . import shims
+from . import hookapis, shims
+from .build import ONLY_AS_PYTHON
 from .ledger import CURRENT, Ledger
 
 # One run of a compiled graph: (enter seq, exit seq, thread, start and end perf_counter_ns, graph
@@ -76,6 +77,8 @@ class Runs:
 
 
 def _key(rec: shims.Recorder, ref: Any) -> Optional[int]:
+    if ref is ONLY_AS_PYTHON:
+        return ONLY_AS_PYTHON
     module = ref() if ref is not None else None
     return None if module is None else rec.module_key(module)
 
@@ -137,6 +140,37 @@ def hook_ids(obj: Any) -> list[int]:
     return [i for fn in held or () for i in hook_ids(fn)]
 
 
+def _entries(hooks: Any, slots: list[int]) -> tuple[tuple[int, Optional[int]], ...]:
+    """The run's entries for the callables at `slots` of its `hooks` list: (hook id, None) for a hook
+    of the graph; (hook id, ONLY_AS_PYTHON) for PyTorch's multi-grad inner hook, which Dynamo never
+    traces (a graph break: it runs as Python) and which calls the user's function (its shim) only
+    when its condition is met: in mode "all" the last of its inner hooks to run (the graph's last
+    slot of it), in mode "any" the first; the place of that call, if it made one."""
+    out: list[Optional[tuple[int, Optional[int]]]] = []
+    placed: dict[int, int] = {}  # hook id of a multi-grad hook -> index of its entry in out
+    for slot in slots:
+        if slot >= len(hooks):
+            continue
+        obj = hooks[slot]
+        cell = hookapis.inner_cell(obj)
+        if cell is None:
+            out += [(i, None) for i in hook_ids(obj)]
+            continue
+        try:
+            ids = hook_ids(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+        last = getattr(obj, "__name__", "") == "inner_hook"  # mode "all" (mode "any": wrapped_fn)
+        for i in ids:
+            if i in placed and not last:
+                continue
+            if i in placed:
+                out[placed[i]] = None
+            placed[i] = len(out)
+            out.append((i, ONLY_AS_PYTHON))
+    return tuple(e for e in out if e is not None)
+
+
 def _hook_slots(graph: Any, call_hook: Any) -> list[int]:
     """Indices into the `hooks` input of the graph's `call_hook` nodes, in graph order."""
     slots = []
@@ -191,7 +225,7 @@ class Installed:
                 runs = CURRENT.graph_runs
                 if runs is None:
                     return runtime_wrapper(compiled_fn, inputs, sizes, scalars, hooks, packed_inputs)
-                ids = tuple((i, None) for slot in slots if slot < len(hooks) for i in hook_ids(hooks[slot]))
+                ids = _entries(hooks, slots)
                 args = (compiled_fn, inputs, sizes, scalars, hooks, packed_inputs)
                 return runs(number, True, ids, runtime_wrapper, args, {})
 
