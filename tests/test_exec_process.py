@@ -298,3 +298,160 @@ def test_relative_paths_are_where_the_command_started(tmp_path, command):
         assert traced.returncode == 0, traced.stderr
     assert (tmp_path / "run.json").is_file() and not (tmp_path / "elsewhere" / "run.json").exists()
     hooktrace.load(tmp_path / "run.json")
+
+
+# -- hostile input: how the script is given, what it does to hooktrace's own state ------------------
+
+_FROM_PIPE = """
+    import sys
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    def piped_hook(m, i, o):
+        print("hook ran", flush=True)
+    model.register_forward_hook(piped_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2)).sum().backward()
+    opt.step()
+    print("argv", sys.argv, __file__, flush=True)
+"""
+
+
+def _from_pipe(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python ARGS /dev/fd/N` with the script in a pipe (what a shell's `<(...)` gives)."""
+    read, write = os.pipe()
+    os.write(write, textwrap.dedent(_FROM_PIPE).encode())
+    os.close(write)
+    try:
+        return subprocess.run(
+            [sys.executable, *args, f"/dev/fd/{read}"], cwd=tmp_path, env=_env(), capture_output=True,
+            text=True, timeout=240, pass_fds=(read,),
+        )  # fmt: skip
+    finally:
+        os.close(read)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="no /dev/fd")
+def test_a_script_from_a_pipe_runs_as_python_runs_it(tmp_path):
+    """`hooktrace exec <(...)`: the script is read once, from the pipe, and runs (it ran nothing and
+    exited 0: runpy's importer probe read the pipe first)."""
+    plain = _from_pipe(tmp_path)
+    traced = _from_pipe(tmp_path, "-m", "hooktrace", "exec", "--keep-running", "-o", "run.json")
+    assert plain.returncode == 0 and plain.stdout.startswith("hook ran\nargv ['/dev/fd/"), plain
+    assert (traced.returncode, traced.stdout) == (
+        0,
+        plain.stdout.replace(plain.stdout[14:], traced.stdout[14:]),
+    )
+    assert traced.stdout.split("'")[1].startswith("/dev/fd/"), traced.stdout  # argv[0] as python gives it
+    assert _fired(tmp_path / "run.json") == ["piped_hook"]
+
+
+_PACKAGE_MAIN = """
+    import torch
+    from pkg import model
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2)).sum().backward()
+    opt.step()
+    print("ran", flush=True)
+"""
+_PACKAGE_INIT = """
+    import os
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    def init_hook(m, i, o):
+        pass
+    model.register_forward_hook(init_hook)
+    if os.environ.get("PKG_RAISES"):
+        raise ZeroDivisionError("pkg/__init__.py raised")
+"""
+
+
+def test_module_whose_package_raises_is_the_script_s_error(tmp_path, monkeypatch):
+    """`exec -m pkg.sub` where `pkg/__init__.py` raises: user code, so exit 1 with python's traceback
+    (no runpy frame) and the partial trace written, not "cannot find module"; a package that does not
+    raise runs its `__init__` once, inside exec's watch (the hook it registers has its call site)."""
+    (tmp_path / "pkg").mkdir()
+    _script(tmp_path, _PACKAGE_INIT, "pkg/__init__.py")
+    _script(tmp_path, _PACKAGE_MAIN, "pkg/sub.py")
+    run = ["-m", "hooktrace", "exec", "-o", "run.json", "-m", "pkg.sub"]
+    fine = _python(tmp_path, *run)
+    assert (fine.returncode, fine.stdout) == (0, ""), fine.stderr  # stopped at the window's end
+    hooks = hooktrace.load(tmp_path / "run.json").hooks
+    assert [(h.name, (h.registered_at or "").split(":")[0]) for h in hooks] == [
+        ("init_hook", "pkg/__init__.py")
+    ]
+    os.remove(tmp_path / "run.json")
+    monkeypatch.setenv("PKG_RAISES", "1")
+    plain = _python(tmp_path, "-m", "pkg.sub")
+    traced = _python(tmp_path, *run)
+    assert plain.returncode == traced.returncode == 1, traced.stderr
+    tail = plain.stderr[plain.stderr.index('  File "' + str(tmp_path)) :]  # python's, after runpy's frames
+    assert "Traceback (most recent call last):\n" + tail in traced.stderr, traced.stderr
+    assert "frozen runpy" not in traced.stderr and "error:" not in traced.stderr, traced.stderr
+    assert (tmp_path / "run.json").exists()
+
+
+@pytest.mark.parametrize("name", ["pkg.nosuch", "nosuch.sub", "pkg"])
+def test_module_not_found_is_one_error_line(tmp_path, name):
+    """A module that is not there (a package with no such module, no such package, a package with no
+    `__main__`): exit 2, one `error:` line, no traceback, nothing written."""
+    (tmp_path / "pkg").mkdir()
+    _script(tmp_path, "", "pkg/__init__.py")
+    traced = _python(tmp_path, "-m", "hooktrace", "exec", "-o", "run.json", "-m", name)
+    assert traced.returncode == 2 and traced.stderr.startswith("error: "), traced.stderr
+    assert traced.stderr.count("\n") == 1 and name.split(".")[-1] in traced.stderr, traced.stderr
+    assert not (tmp_path / "run.json").exists()
+
+
+_OWN_TRACE = """
+    import torch, hooktrace
+
+    model = torch.nn.Linear(2, 1)
+    model.register_forward_hook(lambda m, i, o: None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        with hooktrace.trace(model) as t:
+            model(torch.ones(2)).sum().backward()
+        opt.step()
+        print("step", step, [(e.type, e.kind) for e in t.trace.events], flush=True)
+"""
+
+
+@pytest.mark.parametrize("start", ["0", "1"])
+def test_a_script_s_own_trace_works_under_exec(tmp_path, start):
+    """A script that uses `hooktrace.trace()` itself: its traces are what they are untraced (the
+    registration watch steps aside before the window; the window ends where the script's own trace
+    opens in it, one capture at a time), and exec writes what it traced (it failed: another
+    capture's registration patches, or "already active")."""
+    plain, traced = both(tmp_path, _OWN_TRACE, "--keep-running", "--start", start, "-o", "run.json")
+    assert plain.returncode == 0 and plain.stdout.count("step") == 3, plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+    assert "opened its own hooktrace.trace() inside the window" in traced.stderr, traced.stderr
+    assert hooktrace.load(tmp_path / "run.json").meta.warmup == int(start)
+
+
+_ARGV = """
+    import sys
+    print("argv", sys.argv, flush=True)
+    sys.argv[:] = []
+    import torch
+    model = torch.nn.Linear(2, 1)
+    model.register_forward_hook(lambda m, i, o: None)
+    model(torch.ones(2))
+    print("emptied", sys.argv, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["file", "module"])
+def test_a_script_that_empties_sys_argv(tmp_path, how):
+    """`sys.argv[:] = []` in the script: it ends as under python (runpy's IndexError, putting back
+    argv[0], ended it with exit 1), and argv was what python gives (argv[0] as typed, not absolute)."""
+    _script(tmp_path, _ARGV, "argv_script.py")
+    target = ["argv_script.py"] if how == "file" else ["-m", "argv_script"]
+    plain = _python(tmp_path, *target, "a")
+    traced = _python(tmp_path, "-m", "hooktrace", "exec", "--keep-running", "-o", "run.json", *target, "a")
+    assert plain.returncode == 0 and "emptied []" in plain.stdout, plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+    assert (tmp_path / "run.json").exists()

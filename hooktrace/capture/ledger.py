@@ -26,6 +26,8 @@ class Current:
     on_output, run_compiled: the capture's views of the hook dicts and module-call callbacks
     (capture/views.py). on_step_end: the end of an outermost `optimizer.step()` (capture/steps.py).
     graph_runs: what records each run of a graph torch.compile made (capture/compiled.py).
+    on_capture: told `(capture, opening)` as any capture opens and after it closed (`announce`):
+    `hooktrace exec`'s window steps aside for a script's own `hooktrace.trace()`.
     Only a `Ledger` sets them, so they are restored with the patches; `Ledger.claim` refuses a slot
     another capture holds."""
 
@@ -38,6 +40,7 @@ class Current:
         "run_compiled",
         "on_step_end",
         "graph_runs",
+        "on_capture",
     )
 
     def __init__(self) -> None:
@@ -49,6 +52,14 @@ class Current:
         self.run_compiled: Optional[Callable[..., Any]] = None
         self.on_step_end: Optional[Callable[[], None]] = None
         self.graph_runs: Optional[Callable[..., Any]] = None  # compiled.Runs.run
+        self.on_capture: Optional[Callable[[Any, bool], None]] = None
+
+
+def announce(capture: Any, opening: bool) -> None:
+    """A capture is about to open (`opening`) or has closed: tell whoever listens (runs/script.py)."""
+    listener = CURRENT.on_capture
+    if listener is not None:
+        listener(capture, opening)
 
 
 CURRENT = Current()

@@ -1,9 +1,8 @@
 """`hooktrace.trace(model)`: install the capture, trace every hook, restore everything on exit.
 
 The session only orchestrates: where hooks live is `dicts`, how module and global hooks are seen
-without touching their dicts is `views`, the records and shims are `records`, tensor naming is
-`tensors`, the walk over every dict at the end is `ending`, and the trace is built from records by
-`build`.
+without touching their dicts `views`, records and shims `records`, tensor naming `tensors`, the
+walk over every dict at the end `ending`, and the trace is built from records by `build`.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from . import (
     sites,
     views,
 )
-from .ledger import CURRENT, Ledger
+from .ledger import CURRENT, Ledger, announce
 from .records import HookBook, Site
 from .tensors import TensorNamer, dtype_and_device
 
@@ -90,6 +89,7 @@ class Capture:
 
     # -- open / close ----------------------------------------------------------------------
     def open(self) -> None:
+        announce(self, True)  # `hooktrace exec`'s window steps aside for a script's own trace()
         if CURRENT.session is not None:
             raise RuntimeError(
                 "hooktrace.trace() is already active; nested or concurrent tracing is not supported. "
@@ -222,6 +222,7 @@ class Capture:
                 final = ending.walk(self._book, self._rec, self._model, named)
             finally:
                 self._ledger.restore()  # the registration patches, and this session's place
+                announce(self, False)
                 if final is None:  # the walk failed: at least no shim stays in a tensor's dict
                     for ref, _owner, scope in list(self._book.seen_dicts.values()):
                         d = ref()

@@ -12,9 +12,7 @@ and the script is stopped there (`Stopped` with its step, exit 0) unless `keep_r
 from __future__ import annotations
 
 import os
-import runpy
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
@@ -30,11 +28,13 @@ from ..options import (
     check_steps,
 )
 from ..schema import Trace
+from .as_main import MainState, NotFound, check_module, run_main
 from .driver import Result, open_capture, stopped_in
 from .failure import describe_error, failing_event, script_frame
 from .stop import Stopped, install, restore
 from .uncaught import script_traceback
 
+OWN_TRACE = "opened its own hooktrace.trace()"  # the window ends there: one capture at a time
 MAX_START = 10**9  # steps a script runs before its window: far past any training run
 _STEP_WORDS = {STEP_OPTIMIZER: "optimizer.step()", STEP_BACKWARD: "outermost backward()",
                STEP_FORWARD: "outermost module call"}  # fmt: skip
@@ -76,19 +76,7 @@ class Script:
     def check(self) -> Script:
         """UsageError for a file that is not there or a module that cannot be found (before torch)."""
         if self.module is not None:
-            import importlib.util
-
-            sys.path.insert(0, os.getcwd())
-            try:
-                found = importlib.util.find_spec(self.module)
-            except (ImportError, ValueError) as exc:
-                raise UsageError(f"cannot find module {self.module!r}: {exc}") from exc
-            finally:
-                sys.path.pop(0)
-            if found is None:
-                raise UsageError(
-                    f"no module named {self.module!r}; run from the folder that holds it, or give SCRIPT.py"
-                )
+            check_module(self.module)
             return self
         if self.path is None or not os.path.exists(self.path):
             raise UsageError(
@@ -149,8 +137,15 @@ class _Window:
         self.thread: Optional[str] = None  # the thread the window closed in, when not the main one
         self.watch = StepWatch(options.step_on, self.step_ended)
         self.forked = False  # set in a child the script forked (`_after_fork_in_child`)
+        self.own: Any = None  # the window's own capture, and the script's own trace()'s while open
+        self.foreign: Any = None
+        self._listening: Any = None
 
     def install(self) -> None:
+        from ..capture.ledger import CURRENT, Ledger
+
+        self._listening = Ledger()
+        self._listening.set(CURRENT, "on_capture", self.on_capture)
         self.registrations.install()
         self.watch.install()
         if self.options.start == 0:
@@ -159,6 +154,28 @@ class _Window:
     def restore(self) -> None:
         self.watch.restore()
         self.registrations.restore()
+        if self._listening is not None:
+            self._listening.restore()
+
+    def on_capture(self, capture: Any, opening: bool) -> None:
+        """The script opens (or has closed) a `hooktrace.trace()` of its own. One capture at a time,
+        and the script must see what it would untraced: before the window, the registration watch
+        pauses until that trace closes (a window due meanwhile opens then); inside the window, the
+        window ends there and its trace is the one written."""
+        if capture is self.own or self.forked:
+            return
+        if opening and self.foreign is None:
+            self.foreign = capture
+            if self.state == "before":
+                self.registrations.pause()
+            elif self.state == "open":
+                self.close(ended_by=OWN_TRACE)
+        elif not opening and capture is self.foreign:
+            self.foreign = None
+            if self.state == "before":
+                self.registrations.install()
+                if self.ended >= self.options.start:
+                    self.open()
 
     def step_ended(self) -> None:
         if self.forked:  # a forked child (a DataLoader worker, ...) counts, stops and writes nothing
@@ -171,7 +188,7 @@ class _Window:
             self.on_step(self.ended - start if self.ended >= start else self.ended, self.ended < start)
         options = self.options
         if self.state == "before":
-            if self.ended >= options.start:
+            if self.ended >= options.start and self.foreign is None:
                 self.open()
         elif self.state == "open":
             if self.ended >= options.start + options.steps:
@@ -180,8 +197,9 @@ class _Window:
                     raise Stopped(step=self.ended)
             else:
                 self.session.mark_step()
-        elif not self.runs_on():  # the script caught Stopped and went on
-            raise Stopped(step=self.ended)
+        elif not self.runs_on() and self.ended >= options.start + options.steps:
+            raise Stopped(step=self.ended)  # the script caught Stopped and went on, or the window
+            # ended early (the script's own trace() opened in it): stopped where it would have ended
 
     def runs_on(self) -> bool:
         """Whether the script runs on untraced once the window has closed: with --keep-running, or when
@@ -194,6 +212,7 @@ class _Window:
         from ..capture.steps import open_after
 
         session = open_capture(target=self.script.label, shapes=self.options.shapes, facts=self.facts)
+        self.own = session._capture  # not the script's own trace(): `on_capture` lets it open
         open_after(self.registrations, session)  # the capture sees registrations itself now
         self.session = session
         self.watch.rewrap()
@@ -274,6 +293,11 @@ class _Window:
             notes.append(
                 f"the script {ended_by} inside the window after {plural(done, 'step')} of the {options.steps} "
                 f"asked: traced {ran} (a step ends at each {words})"
+                + (
+                    "; one capture at a time: the script's own trace has the rest"
+                    if ended_by == OWN_TRACE
+                    else ""
+                )
             )
         ended = ended_by in ("ended", "exited with code 0")
         if self.ended == 0 and ended and options.step_on == STEP_OPTIMIZER:
@@ -292,35 +316,6 @@ def _exit_code(exc: SystemExit) -> tuple[int, Optional[str]]:
     if isinstance(code, int):
         return code, None
     return 1, str(code)
-
-
-class _SysState:
-    """`sys.argv` and `sys.path[0]` as Python sets them for the script; put back afterwards."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self._argv: list[str] = []
-        self._path0: Optional[str] = None
-
-    def __enter__(self) -> _SysState:
-        self._argv = sys.argv
-        self._path0 = sys.path[0] if sys.path else None
-        script = self.script
-        first = (
-            os.getcwd() if script.module is not None else os.path.dirname(os.path.abspath(str(script.path)))
-        )
-        if sys.path:
-            sys.path[0] = first
-        else:
-            sys.path.append(first)
-        # runpy.run_module sets argv[0] to the module's file itself
-        sys.argv = [str(script.path) if script.module is None else script.module, *script.args]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        sys.argv = self._argv
-        if self._path0 is not None and sys.path:
-            sys.path[0] = self._path0
 
 
 class _Sigterm:
@@ -393,15 +388,14 @@ def run_script(
     stop: Optional[BaseException] = None  # where a stop signal landed
     ended_by = "ended"
     _watch_forks()
-    with _SysState(script), _Sigterm() as sigterm:
+    with MainState(script.path, script.module, script.args), _Sigterm() as sigterm:
         _RUNNING[:] = [window, sigterm]
         try:
             window.install()
-            if script.module is not None:
-                runpy.run_module(script.module, run_name="__main__", alter_sys=True)
-            else:
-                # python gives `__main__` its absolute path (`__file__`, the traceback's frames)
-                runpy.run_path(os.path.abspath(str(script.path)), run_name="__main__")
+            run_main(script.path, script.module)
+        except NotFound:  # `-m` names a module that is not there: nothing ran, nothing is written
+            window.on_trace = _nothing
+            raise
         except Stopped as exc:
             if exc.signal is None:  # the window closed
                 stopped_after, ended_by = exc.step, "was stopped"
@@ -434,6 +428,10 @@ def run_script(
         result.traceback = script_traceback(exception)
         result.error = _error(result.trace, exception)
     return result
+
+
+def _nothing(result: Result) -> None:
+    pass
 
 
 def _error(trace: Trace, exception: BaseException) -> str:
