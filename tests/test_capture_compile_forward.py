@@ -253,3 +253,50 @@ def test_global_forward_hook_on_aot_graph_module_is_that_module(backend: str, no
     assert [where(e) for e in events if e.module != "(torch.compile) GraphModule"] == plain["log"]
     assert [e.module for e in events if e.graph is not None] == ["0", "1", "2", ""] * 2
     assert not any(e.module and e.module.startswith("(outside)") for e in traced["trace"].events)
+
+
+def _compiled_before(
+    first_call_inside: bool, register_late: bool = False
+) -> tuple[hooktrace.Trace, list[torch.Tensor], torch.Tensor]:
+    """(the trace, the block's outputs, the model's output without hooks). The hooks add 1 to the
+    output: no Python side effect, so nothing Dynamo guards changes from call to call (a list
+    appended to would recompile at each call, pytorch/pytorch#93724)."""
+    dynamo.reset()
+    m = _model()
+    x = torch.randn(3, 4)
+    plain = m(x)
+    if not register_late:
+        m[2].register_forward_hook(lambda module, args, out: out + 1)
+    compiled = torch.compile(m, backend="eager")
+    if not first_call_inside:
+        compiled(x)  # Dynamo compiles and caches the graph: before the block
+    with hooktrace.trace(compiled) as t:
+        outs = []
+        if register_late:  # pytorch/pytorch#117758: no hook at the compile, no guard on the empty dicts
+            outs.append(compiled(x))  # compiled inside the block, with no hook
+            m[2].register_forward_hook(lambda module, args, out: out + 1)  # in no graph: never runs
+        outs.append(compiled(x))
+    return t.trace, outs, plain
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_graph_compiled_before_tracing_began_is_said_to_be(no_global_hooks: None) -> None:
+    """The model's graph was compiled (and cached) before the block: the note says so plainly; the
+    tree does not say that nothing ran a hook."""
+    from hooktrace.render import render
+
+    trace, outs, plain = _compiled_before(first_call_inside=False)
+    assert torch.equal(outs[0], plain + 1)  # the hook ran, inside the cached graph
+    (note,) = [s for s in trace.surprises if s.rule == "compiled"]
+    assert note.message.startswith("compiled before tracing began: `<root>` ran code torch.compile compiled")
+    assert "none ran a hook" not in render(trace, "tree", width=200)
+    # nearest case: the first compiled call is inside the block: the graph's hooks are hook events
+    trace, outs, plain = _compiled_before(first_call_inside=True)
+    assert torch.equal(outs[0], plain + 1)
+    assert [e.graph is not None for e in trace.hook_events()] == [True]
+    assert not [s for s in trace.surprises if s.rule == "compiled"]
+    # and a graph compiled in the block that holds none of a hook (registered after it): not "before"
+    trace, outs, plain = _compiled_before(first_call_inside=True, register_late=True)
+    assert torch.equal(outs[1], plain)  # the late hook never ran
+    (note,) = [s for s in trace.surprises if s.rule == "compiled"]
+    assert "before tracing began" not in note.message and "hold none of these hooks" in note.message

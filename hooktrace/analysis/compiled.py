@@ -54,6 +54,9 @@ def compiled(trace: Trace, windows: Windows, graphs: Optional[Graphs] = None) ->
         if not hidden:
             continue  # every hook of it ran as Python and is traced: nothing to say
         n, k = len(spans), len(hidden)
+        if graphs is not None and not graphs.get(path):
+            out.append(_before(label, n, hidden, spans))
+            continue
         order = _graph_order(trace, graphs, path)
         out.append(
             Surprise(
@@ -74,6 +77,26 @@ def compiled(trace: Trace, windows: Windows, graphs: Optional[Graphs] = None) ->
     return out
 
 
+def _before(label: str, n: int, hidden: list[int], spans: Sequence[tuple[int, int]]) -> Surprise:
+    """The surprise of a module whose compiled calls ran a graph Dynamo compiled before the capture:
+    the capture saw every graph compiled during it (with no hook too), and none in its calls."""
+    k = len(hidden)
+    return Surprise(
+        rule="compiled",
+        message=(
+            f"compiled before tracing began: `{label}` ran code torch.compile compiled before the "
+            f"capture started ({n} call{'s' if n != 1 else ''}; Dynamo compiled no graph of it while "
+            f"tracing, so it reused one it had cached): {k} hook{'s' if k != 1 else ''} of it and its "
+            f"submodules did not fire as Python calls; {'they' if k != 1 else 'it'} ran inside that "
+            "graph, or not at all, and which hooks it runs, in what order, is not known. Start tracing "
+            "before the first compiled call (or call torch._dynamo.reset() first) to see them as hook "
+            "events. Hooks that ran as Python (after a graph break, in backward) are traced as usual"
+        ),
+        hooks=hidden,
+        events=[enter for enter, _ in spans if enter != -1],
+    )
+
+
 def _graph_order(trace: Trace, graphs: Optional[Graphs], path: Optional[str]) -> str:
     """What the capture saw Dynamo compile into the graphs of `path`'s calls, as a sentence."""
     if graphs is None:
@@ -81,8 +104,8 @@ def _graph_order(trace: Trace, graphs: Optional[Graphs], path: Optional[str]) ->
     mine = [ids for ids in graphs.get(path, ()) if ids]
     if not mine:
         return (
-            ". No graph of it was compiled while tracing (it was compiled before tracing began, or "
-            "holds no hook): which hooks its graph runs is not known"
+            ". The graphs Dynamo compiled in its calls while tracing hold none of these hooks (a hook "
+            "registered after its graph was compiled is in no graph, pytorch/pytorch#117758)"
         )
     hooks = {h.id: h for h in trace.hooks}
     parts = []

@@ -292,9 +292,10 @@ class TreeView:
             yield Text(self.empty, style="bold")
         elif not self.calltree.steps:
             calls = sum(1 for e in self.calltree.events if e.type == ENTER)
-            yield Text(
-                f"No hooks fired ({plural(calls, 'module call')} traced, none ran a hook).", style="bold"
-            )
+            ran = "none ran a hook"
+            if any(s.rule == "compiled" for s in self.trace.surprises):  # not a kind
+                ran = "compiled code ran hooks unseen: see the note below"
+            yield Text(f"No hooks fired ({plural(calls, 'module call')} traced, {ran}).", style="bold")
         else:
             yield _Drawer(self.calltree, width=width, expand=self.expand, times=self.times,
                           depth=self.depth, top=0 if self.module is not None else 1).tree()  # fmt: skip
