@@ -139,7 +139,9 @@ def run_ranks(
         if not os.path.isdir(folder):
             raise UsageError(f"cannot write {out}: folder {folder} does not exist; create it first")
     join_timeout = max(timeout, JOIN_TIMEOUT)
-    job = dict(job_of.data(), join_timeout=join_timeout)
+    # the ranks end when this process does (SIGKILL included): the thread that starts them lives as long
+    main = threading.current_thread() is threading.main_thread()
+    job = dict(job_of.data(), join_timeout=join_timeout, launcher=os.getpid() if main else None)
     watch = _Watch(nproc, timeout, join_timeout)
     ranks: list[RankOutcome] = []
     with _signals_raise() as seen:

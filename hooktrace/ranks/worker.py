@@ -319,6 +319,29 @@ def state_of(exc: Optional[BaseException]) -> str:
     return FAILED if isinstance(exc, RankFailed) else CRASHED
 
 
+def _end_with_launcher(job: str) -> None:
+    """On Linux, SIGTERM to this rank when the launcher that started it dies (SIGKILL, a crash): the
+    rank writes its partial trace and ends, as when the launcher stops it, never left running alone.
+    Not under torchrun, whose workers live as torchrun leaves them (the job names no launcher)."""
+    try:
+        launcher = int(json.loads(job).get("launcher") or 0)
+    except (ValueError, TypeError, AttributeError):
+        return
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:  # it died before the prctl: as if told now
+        raise Stopped(signal.SIGTERM, "stopped: the launcher ended")
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run one rank from its JOB (JSON: target, out, options, join_timeout); the exit code says how it ended."""
     # First: importing torch takes seconds. A signal the rank was started ignoring (nohup) stays so.
@@ -328,6 +351,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if len(args) != 1:
             raise UsageError("python -m hooktrace.ranks is started by hooktrace run --nproc N")
+        _end_with_launcher(args[0])
         from torch.distributed.elastic.multiprocessing.errors import record
 
         # an exception is written to the rank's elastic error file
