@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections import deque
 from dataclasses import dataclass
-from itertools import chain, islice
-from operator import itemgetter
+from itertools import chain, compress, count, islice, repeat
+from operator import attrgetter, eq, getitem, is_, itemgetter, sub
 from typing import Any, Optional
 
 from .. import kinds
@@ -18,6 +19,12 @@ _PHASE_OF_KIND = {name: k.phase for name, k in kinds.TABLE.items()}
 # Kinds with no module of their own: their events name the module call they ran in.
 _MODULE_OF_CALL = frozenset(k for k in kinds.SAVED_TENSORS_KINDS if kinds.TABLE[k].phase is kinds.ENCLOSING)
 _HOOK_FIELDS = tuple(f.name for f in dataclasses.fields(Hook))
+# scopes whose hooks' events name the hook's own module (1), not the module call's (0)
+_OWN_MODULE_SCOPES = {TENSOR: 1, NODE: 1}
+# a Hook's fields, read in C over all hooks
+_id, _kind, _scope = attrgetter("id"), attrgetter("kind"), attrgetter("scope")
+_module = attrgetter("module")  # not a kind: the field
+_first, _second = itemgetter(0), itemgetter(1)  # a raw row's seq; a hook call's hook id
 
 
 @dataclass
@@ -67,8 +74,8 @@ def build_trace(pending: Pending) -> Trace:
     """The trace of what the capture saw, with no surprises: whoever runs the capture adds the
     analysis' (given `compiled_windows`, `pending.deleted` and `pending.replaced_nodes`, the facts only
     the capture knows)."""
-    hooks = [to_hook(r) for r in pending.records]
-    events = build_events(pending, {h.id: h for h in hooks})
+    hooks = to_hooks(pending.records)
+    events = build_events(pending, dict(zip(map(_id, hooks), hooks)))
     return Trace(meta=pending.meta, modules=pending.modules, hooks=hooks, events=events)
 
 
@@ -82,6 +89,8 @@ def compiled_windows(pending: Pending) -> Windows:
     """The module calls that ran compiled by torch.compile, by module path (None: a module outside
     the model): (seq of the call's `enter` event, seq of its `exit` event; -1 when not in the trace).
     A fact of the capture; `analysis.compiled` says which hooks it hid."""
+    if not pending.compiled:
+        return {}
     compiled = set(pending.compiled)
     calls: dict[Optional[str], list[tuple[int, int]]] = {}
     for enter, leave, _phase, module_id, *_ in islice(pending.module_calls, pending.n_module_calls):
@@ -217,109 +226,155 @@ def build_events(pending: Pending, hooks: dict[int, Hook]) -> list[Event]:
 
     A forward-kind hook takes the phase of the innermost module call open on its thread (it runs
     inside that call's `_call_impl`): `recompute` when that call started during backward.
+
+    Rows and events are made column by column (`map`, `zip`: C-level, no Python code per event);
+    Python runs per event only where a phase follows from the module calls open on the thread.
     """
-    start = pending.start_ns
-    paths = pending.paths
-    info = {
-        hid: (
-            h.kind,
-            _PHASE_OF_KIND.get(h.kind, kinds.OTHER),
-            h.module if h.scope in (TENSOR, NODE) else None,
-        )
-        for hid, h in hooks.items()
-    }
-    raw: list[tuple] = []
-    append = raw.append
-    described = {seq: shapes_text(got, gave) for seq, got, gave in pending.shapes or ()}
-    shapes_of = described.get if described else _none
-    for seq, hid, tid, t0, t1, outcome, module_id in islice(pending.hook_calls, pending.n_hook_calls):
-        known = info.get(hid)
-        if (
-            known is None
-        ):  # a shim kept past its own capture (capture/kept.py), of a hook not seen in this one
-            continue
-        kind, phase, tensor_module = known
-        path = paths.get(module_id) if module_id is not None else tensor_module
-        error = outcome if outcome.__class__ is str else None
-        append(
-            (
-                seq,
-                HOOK,
-                phase,
-                path,
-                hid,
-                kind,
-                tid,
-                t0 - start,
-                t1 - t0,
-                outcome is True,
-                error,
-                shapes_of(seq),
-                None,
-            )
-        )
-    for enter, leave, phase, module_id, tid, t0, t1, error in islice(
-        pending.module_calls, pending.n_module_calls
-    ):
-        path = paths.get(module_id)
-        append((enter, ENTER, phase, path, None, None, tid, t0 - start, t1 - t0, False, None, None, None))
-        append((leave, EXIT, phase, path, None, None, tid, t1 - start, 0, False, error, None, None))
+    raw = _hook_rows(pending, hooks)
+    raw += _call_rows(pending)
     raw += graph_rows(pending, hooks)
-    raw.sort(key=itemgetter(0))
+    if not raw:
+        return []
+    raw.sort(key=_first)
+    seqs, types, phase_column, path_column, hids, kinds_, tids, *rest = zip(*raw)
+    phases, paths = [*phase_column], [*path_column]
+    if None in phases:
+        _enclosing(types, phases, paths, kinds_, tids, seqs, frozenset(pending.in_backward))
+    # the step of each event: how many step starts (the seq at which step 1, 2, ... began) precede it
+    bounds = [0, *(bisect.bisect_left(seqs, s) for s in pending.step_starts), len(seqs)]
+    steps = chain.from_iterable(map(repeat, count(), map(sub, bounds[1:], bounds)))
+    # Event's fields in order, without NamedTuple's Python-level __new__
+    rows = zip(count(), steps, types, phases, paths, hids, kinds_, tids, *rest)
+    return [*map(tuple.__new__, repeat(Event), rows)]
 
-    backward = frozenset(pending.in_backward)
-    starts = [*pending.step_starts, float("inf")]  # the seq at which step 1, 2, ... began
-    step = 0
-    # thread -> (phase, path) of open calls. The capture records each call whole (enter, leave) on
-    # its thread's stack of Python frames, so a leave is always its thread's innermost open call:
-    # no pairing by module here (that is analysis.calls', for events read from any trace).
-    open_calls: dict[int, list[tuple[str, Optional[str]]]] = {}
-    new = tuple.__new__  # Event's fields in order, without NamedTuple's Python-level __new__
-    events: list[Event] = []
-    add = events.append
-    for i, (
-        seq,
-        type_,
-        phase,
-        path,
-        hid,
-        kind,
-        tid,
-        t,
-        duration,
-        returned,
-        error,
-        shapes,
-        graph,
-    ) in enumerate(raw):
-        while seq >= starts[step]:
-            step += 1
-        if type_ == HOOK:
-            if phase is None:
-                stack = open_calls.get(tid)
-                phase = stack[-1][0] if stack else kinds.BACKWARD if seq in backward else kinds.FORWARD
-                if path is None and kind in _MODULE_OF_CALL and stack:
-                    path = stack[-1][1]
-        elif type_ == ENTER:
-            open_calls.setdefault(tid, []).append((phase, path))
-        elif type_ == EXIT:
-            stack = open_calls.get(tid)
-            if stack:
-                stack.pop()
-        elif phase is None:  # a forward graph: in the module call open on its thread
-            stack = open_calls.get(tid)
-            phase, path = stack[-1] if stack else (kinds.FORWARD, None)
-        add(
-            new(
-                Event,
-                (i, step, type_, phase, path, hid, kind, tid, t, duration, returned, error, shapes, graph),
-            )
+
+def _hook_rows(pending: Pending, hooks: dict[int, Hook]) -> list[tuple]:
+    """Raw rows (`seq` first, then Event's fields from `type`) of the hook calls the shims recorded."""
+    info = dict(zip(hooks, zip(*_hook_columns(hooks.values())))) if hooks else {}
+    calls = pending.hook_calls[: pending.n_hook_calls]
+    if calls and None in map(info.get, map(_second, calls)):
+        # a shim kept past its own capture (capture/kept.py), of a hook not seen in this one
+        calls = [c for c in calls if c[1] in info]
+    if not calls:
+        return []
+    seqs, hids, tids, t0s, t1s, outcomes, module_ids = zip(*calls)
+    kinds_, phases, tensor_modules = zip(*map(info.__getitem__, hids))
+    # a module hook's module is the one it ran for; a tensor or node hook's, its own (no module_id)
+    module_paths = map(pending.paths.get, module_ids)
+    paths = map(getitem, zip(module_paths, tensor_modules), map(is_, module_ids, repeat(None)))
+    errors: Any = repeat(None)
+    if str in set(map(type, outcomes)):  # the text of an error a hook raised
+        errors = [o if o.__class__ is str else None for o in outcomes]
+    shapes: Any = repeat(None)
+    if pending.shapes:
+        described = {seq: shapes_text(got, gave) for seq, got, gave in pending.shapes}
+        shapes = map(described.get, seqs)
+    start = repeat(pending.start_ns)
+    returned = map(is_, outcomes, repeat(True))
+    durations = map(sub, t1s, t0s)
+    return [
+        *zip(
+            seqs,
+            repeat(HOOK),
+            phases,
+            paths,
+            hids,
+            kinds_,
+            tids,
+            map(sub, t0s, start),
+            durations,
+            returned,
+            errors,
+            shapes,
+            repeat(None),
         )
-    return events
+    ]
 
 
-def _none(_seq: int) -> None:
-    return None
+def _call_rows(pending: Pending) -> list[tuple]:
+    """Raw rows of the module calls: each call's `enter`, then its `exit`, as recorded."""
+    calls = pending.module_calls[: pending.n_module_calls]
+    if not calls:
+        return []
+    enters, leaves, phases, module_ids, tids, t0s, t1s, errors = zip(*calls)
+    paths = [*map(pending.paths.get, module_ids)]
+    start, none, no = repeat(pending.start_ns), repeat(None), repeat(False)
+    durations = map(sub, t1s, t0s)
+    entered = zip(
+        enters,
+        repeat(ENTER),
+        phases,
+        paths,
+        none,
+        none,
+        tids,
+        map(sub, t0s, start),
+        durations,
+        no,
+        none,
+        none,
+        none,
+    )
+    left = zip(
+        leaves,
+        repeat(EXIT),
+        phases,
+        paths,
+        none,
+        none,
+        tids,
+        map(sub, t1s, start),
+        repeat(0),
+        no,
+        errors,
+        none,
+        none,
+    )
+    return [*chain.from_iterable(zip(entered, left))]
+
+
+def _hook_columns(hooks: Any) -> tuple[list, Any, Any]:
+    """(kinds, phases, tensor modules) of the hooks: a tensor or node hook's events name its module."""
+    kinds_ = [*map(_kind, hooks)]
+    phases = map(_PHASE_OF_KIND.get, kinds_, repeat(kinds.OTHER))
+    owned = map(_OWN_MODULE_SCOPES.get, map(_scope, hooks), repeat(0))
+    return kinds_, phases, map(getitem, zip(repeat(None), map(_module, hooks)), owned)
+
+
+def _enclosing(
+    types: tuple, phases: list, paths: list, kinds_: tuple, tids: tuple, seqs: tuple, backward: frozenset
+) -> None:
+    """Fill in the phase (and for a saved-tensor hook, the module) of hook and graph events that take
+    the innermost module call open on their thread's; a hook in no module call, `backward` when its
+    seq is one the capture saw run inside backward, else `forward`.
+
+    The capture records each call whole (enter, leave) on its thread's stack of Python frames, so a
+    leave is always its thread's innermost open call: no pairing by module here (that is
+    analysis.calls', for events read from any trace).
+    """
+    threads = set(tids)
+    for tid in threads:
+        rows = range(len(types)) if len(threads) == 1 else [*compress(count(), map(eq, tids, repeat(tid)))]
+        stack: list[int] = []  # rows of the calls open on this thread, innermost last
+        for i in rows:
+            type_ = types[i]
+            if type_ == ENTER:
+                stack.append(i)
+            elif type_ == EXIT:
+                if stack:
+                    stack.pop()
+            elif phases[i] is None:
+                if type_ == HOOK:
+                    if stack:
+                        phases[i] = phases[stack[-1]]
+                    else:
+                        phases[i] = kinds.BACKWARD if seqs[i] in backward else kinds.FORWARD
+                    if paths[i] is None and kinds_[i] in _MODULE_OF_CALL and stack:
+                        paths[i] = paths[stack[-1]]
+                else:  # a forward graph: in the module call open on its thread
+                    phases[i], paths[i] = (
+                        (phases[stack[-1]], paths[stack[-1]]) if stack else (kinds.FORWARD, None)
+                    )
 
 
 def shapes_text(received: str, returned: Optional[str]) -> str:
@@ -340,11 +395,13 @@ def ordered(records: dict[int, Record], order: list[int]) -> list[Record]:
 _hook_values = itemgetter(*_HOOK_FIELDS)
 
 
-def to_hook(r: Record) -> Hook:
-    """The record's Hook fields as they are (a Record is a Hook), without the dataclass __init__."""
-    hook = object.__new__(Hook)
-    hook.__dict__.update(zip(_HOOK_FIELDS, _hook_values(r.__dict__)))
-    return hook
+def to_hooks(records: list[Record]) -> list[Hook]:
+    """Each record's Hook fields as they are (a Record is a Hook), without the dataclass __init__:
+    C-level calls only, no Python code per hook."""
+    hooks = [*map(object.__new__, repeat(Hook, len(records)))]
+    fields = map(zip, repeat(_HOOK_FIELDS), map(_hook_values, map(vars, records)))
+    deque(map(dict.update, map(vars, hooks), fields), maxlen=0)  # run to the end
+    return hooks
 
 
 def device_of(model: Any) -> str:
