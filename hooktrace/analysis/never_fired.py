@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress
-from operator import eq
+from operator import attrgetter, eq
 from typing import Collection, Optional
 
 from ..kinds import (
@@ -37,6 +37,8 @@ from ..kinds import (
 from ..schema import Event, Hook, Surprise, Trace, is_internal_error
 from .calls import HOOK_ID, TYPE, Call, calls
 from .firings import is_library_hook, place, plural, where
+
+_HOOK_ID_OF = attrgetter("id")  # a hook's id
 
 CONTAINERS = ("ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 NOT_ASKED = "info"  # hooks of calls nobody made (state_dict(), registrations): not surprising
@@ -124,6 +126,8 @@ def never_fired(
         in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
     # the hooks that fired first (one pass): the rest of the facts only when some hook did not
     fired = set(compress(map(HOOK_ID, trace.events), map(partial(eq, HOOK), map(TYPE, trace.events))))
+    if fired.issuperset(map(_HOOK_ID_OF, trace.hooks)):  # every hook fired: one C-level pass
+        return []
     silent = [h for h in trace.hooks if h.id not in fired and h.id not in in_graph and h.id not in exclude]
     if not silent:
         return []

@@ -247,9 +247,9 @@ def replaced_value(trace: Trace) -> list[Surprise]:
 
 
 def legacy_backward(trace: Trace) -> list[Surprise]:
-    legacy = [h for h in trace.hooks if h.kind == K.backward_legacy]
-    if not legacy:
+    if K.backward_legacy not in map(KIND, trace.hooks):  # one C-level pass over the hooks' kinds
         return []
+    legacy = [h for h in trace.hooks if h.kind == K.backward_legacy]
     seqs: dict[int, list[int]] = {h.id: [] for h in legacy}
     for e in trace.events:
         found = seqs.get(e.hook) if e.type == HOOK else None  # type: ignore[arg-type]
@@ -312,6 +312,8 @@ def hook_error(trace: Trace) -> list[Surprise]:
 def registered_during_run(trace: Trace) -> list[Surprise]:
     """A hook registered while the model ran, when the events prove the calls differ: a call of its
     module (forward kinds) or a step (other kinds) ran without it, and another with it."""
+    if not any(map(operator.attrgetter("registered_during_run"), trace.hooks)):  # one C-level pass
+        return []
     hooks = [
         h
         for h in trace.hooks
