@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from itertools import compress
 from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
@@ -98,11 +99,12 @@ def hook_dicts_in(modules: list[Any]) -> Iterator[HookDict]:
     """`hook_dicts` of these modules (in this order): the global dicts, the modules', their parameters'.
 
     A session reads every module's at its start and its end, and most hold nothing: each module's
-    dicts are read by one C-level call (`itemgetter`), and so are each parameter's.
+    dicts are read by one C-level call (`itemgetter`), and so are each parameter's; of a module that
+    holds hooks, only the dicts that hold some are looked at in Python.
     """
     yield from global_dicts()
     params: dict[int, Any] = {}
-    read, read_tensor = _module_dicts_of, _tensor_dicts_of
+    read, read_tensor, new = _module_dicts_of, _tensor_dicts_of, tuple.__new__
     for module in modules:
         md = module.__dict__
         try:
@@ -110,9 +112,11 @@ def hook_dicts_in(modules: list[Any]) -> Iterator[HookDict]:
         except KeyError:  # a module whose __init__ did not make every dict
             found = tuple(md.get(attr) for attr in _MODULE_ATTRS)
         if any(found):
-            for attr, d in zip(_MODULE_ATTRS, found):
-                if d:
-                    yield HookDict(d, kind_of(attr, module), module, MODULE)
+            for attr, d in compress(zip(_MODULE_ATTRS, found), found):
+                kind = KIND_OF_ATTR[attr]
+                if kind == K.backward:
+                    kind = backward_kind(module)
+                yield new(HookDict, (d, kind, module, MODULE, None))
         held = md.get("_parameters")
         if held:
             for param in held.values():
