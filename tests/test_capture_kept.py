@@ -7,10 +7,12 @@ dict alive once the session is over.
 
 from __future__ import annotations
 
+import copy
 import gc
 import weakref
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -146,3 +148,92 @@ def test_a_kept_shim_after_its_session_still_calls_a_live_hook_and_records_nothi
     n = len(session.trace.events)
     shims[0](model[0], (x,))  # as a view read mid-call on another thread would, after the end
     assert log[-1] == "pre" and len(session.trace.events) == n
+
+
+def _many(shallow_copy: bool = True) -> tuple[nn.Sequential, list[str]]:
+    """Six Linear modules with forward hooks (a run of kept dicts), the fourth a shallow copy of the
+    third (the same dicts twice, with another owner: its calls run the same hooks), one hook a closure."""
+    log: list[str] = []
+
+    def pre(module: Any, args: Any) -> None:
+        log.append(f"pre {module.out_features}")
+
+    def fwd(module: Any, args: Any, output: Any) -> None:
+        log.append(f"fwd {module.out_features}")
+
+    layers = [nn.Linear(4, 4) for _ in range(3)]
+    for layer in layers:
+        layer.register_forward_pre_hook(pre)
+        layer.register_forward_hook(fwd)
+    tag = "closure"
+    layers[1].register_forward_hook(lambda m, a, o: log.append(tag))
+    layers.append(copy.copy(layers[2]) if shallow_copy else nn.Linear(4, 4))
+    layers += [nn.Linear(4, 4), nn.Linear(4, 4)]
+    layers[4].register_forward_hook(fwd)
+    layers[5].register_forward_pre_hook(pre)
+    return nn.Sequential(*layers), log
+
+
+@pytest.mark.parametrize("shallow_copy", [False, True])
+def test_kept_dicts_taken_together_give_the_first_sessions_trace(shallow_copy: bool) -> None:
+    model, log = _many(shallow_copy)
+    x = torch.randn(2, 4)
+    facts = []
+    for _ in range(3):
+        with hooktrace.trace(model) as session:
+            model(x)
+        facts.append(_facts(session))
+    assert facts[0] == facts[1] == facts[2]
+    hooks, events = facts[0]
+    assert len(hooks) == 9 and "_many.<locals>.<lambda>" in [h[4] for h in hooks]
+    fired = [(hid, module) for kind, hid, module, *_ in events if kind == "hook"]
+    by_two, by_copy = [h for h, m in fired if m == "2"], [h for h, m in fired if m == "3"]
+    assert len(by_two) == 2 and (by_copy == by_two if shallow_copy else not by_copy)  # a copy runs the same
+    assert len(log) == len(fired) * 3 == (33 if shallow_copy else 27)
+
+
+@pytest.mark.parametrize("shallow_copy", [False, True])
+def test_one_dict_changed_among_kept_ones_is_traced_as_it_is_now(shallow_copy: bool) -> None:
+    model, log = _many(shallow_copy)
+    x = torch.randn(2, 4)
+    with hooktrace.trace(model):
+        model(x)
+    added = model[5].register_forward_pre_hook(lambda m, a: log.append("added"))  # the last kept dict
+    first = []
+    for _ in range(2):
+        with hooktrace.trace(model) as session:
+            model(x)
+        first.append(_facts(session))
+    assert first[0] == first[1]
+    assert added.id in [h[0] for h in first[0][0]] and added.id in [e[1] for e in first[0][1]]
+    assert log.count("added") == 2
+
+
+def _first_hook(module: Any, args: Any, output: Any) -> None:
+    return None
+
+
+def _second_hook(module: Any, args: Any, output: Any) -> None:
+    return None
+
+
+def _wrapping(inner: Any) -> Any:
+    def wrapper(module: Any, args: Any, output: Any) -> None:
+        return inner(module, args, output)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("shallow_copy", [False, True])
+def test_a_closure_among_kept_dicts_is_named_after_what_it_holds_now(shallow_copy: bool) -> None:
+    model, _ = _many(shallow_copy)
+    x = torch.randn(2, 4)
+    wrapper = _wrapping(_first_hook)
+    model[0].register_forward_hook(wrapper)
+    names = []
+    for fn in (_first_hook, _second_hook, _second_hook):
+        wrapper.__closure__[0].cell_contents = fn  # what the closure holds changes between sessions
+        with hooktrace.trace(model) as session:
+            model(x)
+        names.append([h[4] for h in _facts(session)[0] if h[4].startswith("wrapper")])
+    assert names == [["wrapper → _first_hook"]] + [["wrapper → _second_hook"]] * 2

@@ -15,6 +15,9 @@ These shims write into a namespace of this process that the open session binds t
 the view while the module call runs, and keeps no list of them for later (backward hooks it does).
 A dict that changed, a hook that is not a plain function, a registration site known for one of its
 hooks, or a hook id held by another dict first: that dict takes the session's usual path.
+Consecutive kept dicts (a model's modules one after another) are taken together when all of them
+hold what they held (`prewarm_dicts`): each check is one C-level pass over all the dicts and their
+hooks, not Python code per dict; when one of them changed, each is taken on its own as before.
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ import itertools
 import os
 import types
 import weakref
-from typing import Any, Callable, Optional
+from collections import deque
+from itertools import chain, repeat
+from operator import attrgetter, contains, eq, is_
+from typing import Any, Callable, Iterable, Optional
 
-from ..kinds import K
+from ..kinds import TENSOR, K
 from . import shims
 from .returned import SAME, _same_first
 
@@ -77,6 +83,31 @@ class _Entry:
     cwd: str
 
 
+# read over many dicts and hooks by C-level calls (map), not a Python loop per hook
+_call = weakref.ref.__call__
+_qualname, _code, _closure = attrgetter("__qualname__"), attrgetter("__code__"), attrgetter("__closure__")
+_ref, _cell, _shim, _template = (
+    attrgetter("ref"),
+    attrgetter("cell"),
+    attrgetter("shim"),
+    attrgetter("template"),
+)
+_hook_qualname, _hook_code = attrgetter("qualname"), attrgetter("code")
+_dref, _oref, _cwd, _module_id = (
+    attrgetter("dref"),
+    attrgetter("oref"),
+    attrgetter("cwd"),
+    attrgetter("module_id"),
+)
+_hids, _hooks, _state, _view = (
+    attrgetter("hids"),
+    attrgetter("hooks"),
+    attrgetter("state"),
+    attrgetter("view"),
+)
+_run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
+
+
 _ENTRIES: dict[tuple[int, int, bool], _Entry] = {}  # (id(dict), id(module), shapes) -> entry
 
 
@@ -112,6 +143,75 @@ class Kept:
                 hook.cell.cell_contents = hook.proxy
                 hook.shim.__dict__.pop("__wrapped__", None)
         self.used = []
+
+    def prewarm_dicts(self, book: Any, hds: Iterable[Any], tensor: Callable[[dict, str, Any], None]) -> None:
+        """`prewarm` each module or global dict of `hds` (dicts.HookDict) in order, `tensor(hd)` each
+        tensor dict. Consecutive dicts the process kept are taken together (`_reuse_run`)."""
+        run: list[tuple[dict, Any, str, _Entry]] = []  # consecutive dicts with a kept entry
+        entries, shapes = _ENTRIES, self.shapes
+        for d, kind, owner, scope, _tensor in hds:
+            if kind in _KINDS and owner is not None:
+                entry = entries.get((id(d), id(owner), shapes))
+                if entry is not None:
+                    run.append((d, owner, kind, entry))
+                    continue
+            if run:
+                self._reuse_run(book, run)
+                run = []
+            if scope == TENSOR:
+                tensor(d, kind, _tensor)
+            else:
+                self.prewarm(book, d, owner, kind)
+        if run:
+            self._reuse_run(book, run)
+
+    def _reuse_run(self, book: Any, run: list[tuple[dict, Any, str, _Entry]]) -> None:
+        """`prewarm` each dict of the run, in order; all at once when every one of them holds what it
+        held when kept (what `_reuse` asks of each, asked of all together in C-level passes)."""
+        if len(run) > 1 and self._reuse_all(book, run):
+            return
+        for d, owner, kind, _ in run:
+            self.prewarm(book, d, owner, kind)
+
+    def _reuse_all(self, book: Any, run: list[tuple[dict, Any, str, _Entry]]) -> bool:
+        ds, owners, _kinds, entries = zip(*run)
+        if len({*map(id, ds)}) != len(ds) or book.has_any_view(ds, owners):
+            return False  # a dict met twice, or one with a view made in this session
+        module_ids = self.rec.module_ids
+        if (
+            [*map(len, ds)] != [*map(len, map(_hids, entries))]
+            or [*chain.from_iterable(ds)] != [*chain.from_iterable(map(_hids, entries))]
+            or not all(map(is_, map(_call, map(_dref, entries)), ds))
+            or not all(map(is_, map(_call, map(_oref, entries)), owners))
+            or [*map(module_ids.get, map(id, owners))] != [*map(_module_id, entries)]
+        ):
+            return False
+        hids = [*chain.from_iterable(map(_hids, entries))]
+        if len({*hids}) != len(hids) or not book.fresh_ids(hids):
+            return False
+        fns = [*chain.from_iterable(map(dict.values, ds))]
+        hooks = [*chain.from_iterable(map(_hooks, entries))]
+        if not (
+            all(map(is_, map(_call, map(_ref, hooks)), fns))  # no id reused by another hook
+            and all(map(eq, map(_cwd, entries), repeat(self.cwd)))
+            and all(map(is_, map(_qualname, fns), map(_hook_qualname, hooks)))
+            and all(map(is_, map(_code, fns), map(_hook_code, hooks)))
+            and all(map(is_, map(_closure, fns), repeat(None)))
+            and not any(map(contains, map(vars, fns), repeat("__wrapped__")))
+        ):  # some dict changed, or some hook is named again: each dict on its own
+            return False
+        _run(map(setattr, map(_cell, hooks), repeat("cell_contents"), fns))
+        _run(map(setattr, map(_shim, hooks), repeat("__wrapped__"), fns))
+        self.used += entries
+        book.adopt_views(
+            ds,
+            owners,
+            [*map(_state, entries)],
+            [*map(_view, entries)],
+            [*map(_hids, entries)],
+            map(_template, hooks),
+        )
+        return True
 
     def prewarm(self, book: Any, d: dict, owner: Any, kind: str) -> None:
         """`book.prewarm(d, owner, kind)`, from what the process kept when it can be."""

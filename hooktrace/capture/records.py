@@ -12,8 +12,11 @@ import dataclasses
 import itertools
 import types
 import weakref
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Optional
+from itertools import chain, compress, repeat
+from operator import add, not_
+from typing import Any, Callable, Collection, Iterable, Optional, Sequence
 
 from .. import ids
 from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
@@ -33,6 +36,7 @@ _RECORD_DEFAULTS = {
     f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(Record)
 }
 _new = object.__new__
+_run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
 _FUNCTION = types.FunctionType
 _OPTIMIZER_KINDS = frozenset(kind for _, kind in dicts.OPTIMIZER_DICTS)
 
@@ -261,6 +265,43 @@ class HookBook:
     @staticmethod
     def naming(template: dict, fn: Any) -> dict:
         return {**template, "name": sites.hook_name(fn), "defined_at": sites.defined_at(fn)}
+
+    def has_any_view(self, ds: Sequence[dict], owners: Sequence[Any]) -> bool:
+        return not self._last_views.keys().isdisjoint(zip(map(id, ds), map(id, owners)))
+
+    def adopt_views(
+        self,
+        ds: Sequence[dict],
+        owners: Sequence[Any],
+        states: list[list],
+        views: list[dict],
+        hid_lists: list[list[int]],
+        templates: Iterable[dict],
+    ) -> None:
+        """`adopt_view` of each dict, in order, with records from `templates` (those of all the dicts'
+        hooks, in order): C-level passes over the dicts and their hooks, no Python loop."""
+        keys = [*zip(map(id, ds), map(id, owners))]
+        _run(map(self._views.pop, keys, repeat(None)))
+        self._last_views.update(zip(keys, zip(states, views, hid_lists)))
+        whos = [*map(self.rec.who, owners)]
+        _run(map(self._path_of, owners))
+        dkeys = [*map(id, ds)]
+        counts = [*map(len, hid_lists)]
+        hids = [*chain.from_iterable(hid_lists)]
+        dict_of_hook = [*chain.from_iterable(map(repeat, dkeys, counts))]
+        made = [*map(_new, repeat(Record, len(hids)))]
+        _run(map(dict.update, map(vars, made), templates))
+        _run(map(setattr, made, repeat("owner"), chain.from_iterable(map(repeat, whos, counts))))
+        self.records.update(zip(hids, made))
+        self._ids.update(zip(zip(dict_of_hook, hids), hids))
+        self._first_dict.update(zip(hids, dict_of_hook))
+        known = self.counts
+        known.update(zip(dkeys, map(add, map(known.get, dkeys, repeat(0)), counts)))
+        seen = self.seen_dicts
+        new = [*map(not_, map(seen.__contains__, dkeys))]
+        if any(new):
+            refs = map(_ref, compress(ds, new))
+            seen.update(zip(compress(dkeys, new), zip(refs, compress(whos, new), repeat(MODULE))))
 
     def adopt_view(
         self, d: dict, owner: Any, state: list, view: dict, hids: list[int], records: Optional[list[dict]]

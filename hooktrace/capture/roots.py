@@ -9,7 +9,6 @@ label: its class name, `Name#2` for the second root of the same class.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from operator import itemgetter
 from typing import Any, Callable, Iterable
@@ -198,7 +197,6 @@ def record_held(
     """Record every hook the model and the global dicts hold now, and make their shims (the
     session's `comm_hook(ddp, hook, frame)` for a DDP's communication hooks; `kept`: what the
     process kept from earlier sessions, capture/kept.py)."""
-    prewarm = book.prewarm if kept is None else functools.partial(kept.prewarm, book)
     modules: list[Any] = []
     if isinstance(model, torch.nn.Module):
         module_key = rec.module_key
@@ -215,10 +213,18 @@ def record_held(
             book.untraceable(None, K.comm, ddp, f"{builtin} (built-in)")
     if book.fsdp is not None:  # FSDP's communication hooks (capture/fsdp.py)
         book.fsdp.held(modules)
-    for hd in dicts.hook_dicts_in(modules):  # the dicts that hold hooks
+
+    def tensor_hooks(d: dict, kind: str, tensor: Any) -> None:
+        for hid in list(d):
+            book.wrap_tensor_hook(d, hid, kind, tensor)
+        book.infer_prepends(d)
+
+    # the dicts that hold hooks: records and shims made now, not in the first step
+    if kept is not None:
+        kept.prewarm_dicts(book, dicts.hook_dicts_in(modules), tensor_hooks)
+        return
+    for hd in dicts.hook_dicts_in(modules):
         if hd.scope == TENSOR:
-            for hid in list(hd.d):
-                book.wrap_tensor_hook(hd.d, hid, hd.kind, hd.tensor)
-            book.infer_prepends(hd.d)
-        else:  # records and shims made now, not in the first step
-            prewarm(hd.d, hd.owner, hd.kind)
+            tensor_hooks(hd.d, hd.kind, hd.tensor)
+        else:
+            book.prewarm(hd.d, hd.owner, hd.kind)
