@@ -6,8 +6,9 @@ import bisect
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain, compress, count, islice, repeat
-from operator import attrgetter, eq, getitem, is_, itemgetter, sub
+from operator import attrgetter, eq, getitem, is_, is_not, itemgetter, sub
 from typing import Any, Optional
 
 from .. import kinds
@@ -384,12 +385,8 @@ def shapes_text(received: str, returned: Optional[str]) -> str:
 
 def ordered(records: dict[int, Record], order: list[int]) -> list[Record]:
     """Hooks in the order PyTorch will fire them (the final walk's order), then the rest by id."""
-    out = []
-    for hid in dict.fromkeys(order + sorted(records)):
-        record = records.get(hid)
-        if record is not None:
-            out.append(record)
-    return out
+    found: Any = filter(partial(is_not, None), map(records.get, dict.fromkeys(order + sorted(records))))
+    return [*found]
 
 
 _hook_values = itemgetter(*_HOOK_FIELDS)

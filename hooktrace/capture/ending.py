@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import platform
-from typing import Any, Optional
+from collections import deque
+from functools import partial
+from itertools import chain, compress, repeat
+from operator import and_, attrgetter, eq, is_, is_not, itemgetter, methodcaller, not_
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -16,6 +20,20 @@ from ..schema import Meta, Module
 from . import build, dicts, hookapis, roots, shims
 from .records import HookBook
 from .tensors import dtype_and_device, hook_place, weak
+
+# read over many dicts, records and modules by C-level calls (map), not a Python loop over them
+_call = methodcaller("__call__")  # a weak reference's (or records._ref's strong stand-in's) object
+_first, _second = itemgetter(0), itemgetter(1)
+_parameters_of, _items = methodcaller("get", "_parameters"), methodcaller("items")
+_not_none = partial(is_not, None)
+_name = attrgetter("__name__")
+_tensor_ref, _node_of, _owner = attrgetter("tensor_ref"), attrgetter("node_of"), attrgetter("owner")
+_scope = attrgetter("scope")
+# a record's fields (not kinds): set on plain records by C-level passes, as hook_place would
+_MODULE_FIELD = "module"  # not a kind
+_CLEARED_FIELDS = ("tensor", "owner", "tensor_ref", "tensor_desc")  # not a kind
+_OWN_SCOPE = {TENSOR: False, NODE: False}  # scopes whose hooks are placed by their tensor: not plain
+_run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
 
 
 @dataclasses.dataclass
@@ -57,45 +75,90 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
     final = Final()
     # `named` is the model's modules (roots.model_modules) or, with no model, the roots' (the same
     # dicts `dicts.hook_dicts(model)` reads; a model that is no module has only the global ones)
+    run: list[dicts.HookDict] = []  # consecutive module dicts
     for hd in dicts.hook_dicts_in([m for _, m in named]):
+        if hd.scope == MODULE:
+            run.append(hd)
+            continue
+        if run:
+            _settle_run(book, run, final)
+            run = []
         _settle(book, hd.d, hd.kind, hd.owner, hd.scope, final, hd.tensor)
-    for ref, _owner, scope in list(book.seen_dicts.values()):  # dicts outside the model now
-        d = ref()
-        if d is not None and id(d) not in final.seen:
-            final.seen.add(id(d))
-            if scope in dicts.IN_PLACE_SCOPES:
-                book.unwrap(d)
-            book.infer_prepends(d)
+    if run:
+        _settle_run(book, run, final)
+    seen = [*book.seen_dicts.values()]  # dicts outside the model now: those not settled above
+    found = [*map(_call, map(_first, seen))]
+    outside = map(
+        and_, map(is_not, found, repeat(None)), map(not_, map(final.seen.__contains__, map(id, found)))
+    )
+    for d, (_ref, _owner, scope) in compress(zip(found, seen), [*outside]):
+        final.seen.add(id(d))
+        if scope in dicts.IN_PLACE_SCOPES:
+            book.unwrap(d)
+        book.infer_prepends(d)
     final.deleted = book.deleted(final.unchanged)
     final.order.extend(book.api_held)  # held outside any dict (FSDP's comm hooks): registered still
     # names of the parameters some hook was on (hook_place): only those are looked for
-    tensors = (r.tensor_ref() for r in book.records.values() if r.tensor_ref is not None)
-    wanted = {id(t) for t in tensors if t is not None}
-    paths, params, key = final.paths, final.params, rec.key
+    refs = filter(_not_none, map(_tensor_ref, book.records.values()))
+    wanted = {*map(id, filter(_not_none, map(_call, refs)))}
+    paths, params = final.paths, final.params
+    modules = [m for _, m in named]
+    keys: list[Any] = [*map(rec.ids.get, map(id, modules))]  # rec.key(m) of each, all known by now
+    if None in keys:
+        keys = [*map(rec.key, modules)]
+    paths.update(zip(keys, map(_first, named)))
+    wrapper = model if roots.compiled_inner(model) is not None else None
+    if wrapper is None:
+        final.modules = [*map(Module, map(_first, named), map(_name, map(type, modules)))]
+    else:  # torch.compile's wrapper is named as the module it wraps: not a module of its own
+        final.modules = [Module(path, type(m).__name__) for path, m in named if m is not wrapper]
     # hooks on a parameter of the model (when the capture met it): the model's by name, to see a move
     earlier = book.param_records
-    now: dict[tuple[str, str], Any] = {}
-    wrapper = model if roots.compiled_inner(model) is not None else None
-    for path, module in named:
-        paths[key(module)] = path
-        if module is not wrapper:
-            final.modules.append(Module(path, type(module).__name__))
-        held = module.__dict__.get("_parameters") if wanted or earlier else None
-        if held:
-            for pname, param in held.items():
-                if id(param) in wanted and id(param) not in params:
-                    params[id(param)] = (path, pname)
-                if earlier:
-                    now[(path, pname)] = param
-    for r in earlier:
-        # another tensor by its name, on another device or of another dtype: a move made it (a parameter
-        # the user assigned anew on the same device is no move); the old one may be gone with its hooks
-        path, pname, placed = r.param_of  # type: ignore[misc]
-        new = now.get((path, pname))
-        old = r.tensor_ref() if r.tensor_ref is not None else None
-        if new is not None and new is not old and dtype_and_device(new) != placed:
-            final.replaced[r.id] = (path, pname)
+    if not wanted and not earlier:
+        return final
+    # (path, (name, parameter)) of every module's parameters, in order
+    helds = [*map(_parameters_of, map(vars, modules))]
+    held = [
+        *chain.from_iterable(
+            map(zip, map(repeat, compress(map(_first, named), helds)), map(_items, filter(None, helds)))
+        )
+    ]
+    named_params = [*map(_second, held)]
+    if wanted:
+        param_ids = [*map(id, map(_second, named_params))]
+        hit = [*map(wanted.__contains__, param_ids)]
+        where = zip(compress(map(_first, held), hit), compress(map(_first, named_params), hit))
+        _run(map(params.setdefault, compress(param_ids, hit), where))  # the first name of each
+    if earlier:
+        now = dict(zip(zip(map(_first, held), map(_first, named_params)), map(_second, named_params)))
+        for r in earlier:
+            # another tensor by its name, on another device or of another dtype: a move made it (a
+            # parameter the user assigned anew on the same device is no move); the old one may be gone
+            path, pname, placed = r.param_of  # type: ignore[misc]
+            new = now.get((path, pname))
+            old = r.tensor_ref() if r.tensor_ref is not None else None
+            if new is not None and new is not old and dtype_and_device(new) != placed:
+                final.replaced[r.id] = (path, pname)
     return final
+
+
+def _settle_run(book: HookBook, run: list[dicts.HookDict], final: Final) -> None:
+    """`_settle` each module dict of the run, in order; all at once when each holds what its last
+    view saw (the usual end: C-level passes over the dicts, no Python code per dict)."""
+    ds, _kinds, owners, _scopes, _tensors = zip(*run)
+    dict_ids = [*map(id, ds)]
+    if len(run) > 1 and len({*dict_ids}) == len(run) and final.seen.isdisjoint(dict_ids):
+        known = book.all_unchanged_ids(ds, owners)
+        if known is not None:
+            final.seen.update(dict_ids)
+            final.order += chain.from_iterable(known)
+            # and no other hook was seen in it
+            final.unchanged.update(
+                compress(dict_ids, map(eq, map(len, known), map(book.counts.get, dict_ids)))
+            )
+            return
+    for d, kind, owner, scope, tensor in run:
+        _settle(book, d, kind, owner, scope, final, tensor)
 
 
 def _settle(
@@ -143,7 +206,24 @@ def snapshot(
     alive: Optional[set[int]] = None  # read when a node hook asks
     replaced: set[int] = set()
     replaced_params: dict[int, str] = {}
-    for r in records:
+    # a module or global hook's record (not on a node): its module is its owner's path, no tensor
+    plain = [
+        *map(
+            and_,
+            map(is_, map(_node_of, records), repeat(None)),
+            map(_OWN_SCOPE.get, map(_scope, records), repeat(True)),
+        )
+    ]
+    placed = [*compress(records, plain)]
+    owners = [*map(_owner, placed)]
+    if None in owners:
+        modules: Any = [paths.get(o[0]) if o is not None else None for o in owners]
+    else:
+        modules = map(paths.get, map(_first, owners))
+    _run(map(setattr, placed, repeat(_MODULE_FIELD), modules))
+    for field in _CLEARED_FIELDS:
+        _run(map(setattr, placed, repeat(field), repeat(None)))
+    for r in compress(records, map(not_, plain)):
         tensor = r.tensor_ref() if r.tensor_ref is not None else None
         # PyTorch drops a parameter's AccumulateGrad node when the parameter moves to another dtype or
         # device (`Variable.set_data`) while the node lives: a node still alive (its hook dict is)

@@ -28,7 +28,7 @@ import types
 import weakref
 from collections import deque
 from itertools import chain, repeat
-from operator import attrgetter, contains, eq, is_
+from operator import attrgetter, contains, eq, is_, methodcaller
 from typing import Any, Callable, Iterable, Optional
 
 from ..kinds import TENSOR, K
@@ -106,6 +106,7 @@ _hids, _hooks, _state, _view = (
     attrgetter("view"),
 )
 _run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
+_proxy, _drop_wrapped = attrgetter("proxy"), methodcaller("pop", "__wrapped__", None)
 
 
 _ENTRIES: dict[tuple[int, int, bool], _Entry] = {}  # (id(dict), id(module), shapes) -> entry
@@ -138,10 +139,9 @@ class Kept:
         """The session is over: the kept shims write into the sink, and hold their hooks weakly again."""
         for namespace, _ in _spaces(self.shapes).values():
             namespace.update(_SINK)
-        for entry in self.used:
-            for hook in entry.hooks:
-                hook.cell.cell_contents = hook.proxy
-                hook.shim.__dict__.pop("__wrapped__", None)
+        hooks = [*chain.from_iterable(map(_hooks, self.used))]
+        _run(map(setattr, map(_cell, hooks), repeat("cell_contents"), map(_proxy, hooks)))
+        _run(map(_drop_wrapped, map(vars, map(_shim, hooks))))
         self.used = []
 
     def prewarm_dicts(self, book: Any, hds: Iterable[Any], tensor: Callable[[dict, str, Any], None]) -> None:

@@ -12,16 +12,16 @@ import dataclasses
 import itertools
 import types
 import weakref
-from collections import deque
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
-from operator import add, not_
-from typing import Any, Callable, Collection, Iterable, Optional, Sequence
+from itertools import compress
+from operator import itemgetter, not_
+from typing import Any, Callable, Collection, Optional
 
 from .. import ids
 from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
 from ..kinds import GLOBAL, MODULE, SAVED_TENSORS, TENSOR, K
 from . import comm, dicts, hookapis, shims, sites
+from .batched import Batched, _ref, _state
 from .build import Record
 from .tensors import dtype_and_device, weak
 
@@ -36,7 +36,7 @@ _RECORD_DEFAULTS = {
     f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(Record)
 }
 _new = object.__new__
-_run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
+_first = itemgetter(0)
 _FUNCTION = types.FunctionType
 _OPTIMIZER_KINDS = frozenset(kind for _, kind in dicts.OPTIMIZER_DICTS)
 
@@ -49,24 +49,7 @@ class Site:
     prepend: Optional[bool] = None
 
 
-def _ref(d: dict) -> Callable[[], Optional[dict]]:
-    """A weak reference when the dict allows one (OrderedDict does), else a strong one."""
-    try:
-        return weakref.ref(d)
-    except TypeError:
-        return lambda: d
-
-
-def _state(d: dict) -> list:
-    """The dict's keys, then the ids of its hooks: what a view was made from."""
-    try:
-        return [*d, *map(id, d.values())]
-    except RuntimeError:  # another thread changed the dict between the two reads: read it once
-        items = [*d.items()]
-        return [*(k for k, _ in items), *(id(v) for _, v in items)]
-
-
-class HookBook:
+class HookBook(Batched):
     def __init__(self, rec: shims.Recorder, path_of: Callable[[Any], Optional[str]]) -> None:
         self.rec = rec
         self._path_of = path_of  # learns a module's path and keeps it alive
@@ -236,99 +219,6 @@ class HookBook:
         self._last_views[(id(d), id(owner))] = (state, out, tids)
         return out
 
-    # -- what the process keeps between sessions (capture/kept.py) ---------------------
-    def has_view(self, d: dict, owner: Any) -> bool:
-        return (id(d), id(owner)) in self._last_views
-
-    state_of = staticmethod(_state)
-
-    def fresh_ids(self, hids: list[int]) -> bool:
-        """No dict seen so far holds these hook ids, no registration site is known for them and none
-        has a record yet: their trace ids are their handle ids, and records come from templates."""
-        return (
-            self._first_dict.keys().isdisjoint(hids)
-            and self.sites.keys().isdisjoint(hids)
-            and self.records.keys().isdisjoint(hids)
-        )
-
-    def templates(self, d: dict, hids: list[int]) -> Optional[list[dict]]:
-        """The records of `d`'s hooks as they stand (no live object in them), or None when one of
-        them has a registration site or a copy's id, or was removed meanwhile."""
-        out = []
-        for hid in hids:
-            record = self.records.get(self._ids.get((id(d), hid), -1))
-            if record is None or record.id != hid or hid in self.sites or record.removed:
-                return None
-            out.append({**record.__dict__, "owner": None})
-        return out
-
-    @staticmethod
-    def naming(template: dict, fn: Any) -> dict:
-        return {**template, "name": sites.hook_name(fn), "defined_at": sites.defined_at(fn)}
-
-    def has_any_view(self, ds: Sequence[dict], owners: Sequence[Any]) -> bool:
-        return not self._last_views.keys().isdisjoint(zip(map(id, ds), map(id, owners)))
-
-    def adopt_views(
-        self,
-        ds: Sequence[dict],
-        owners: Sequence[Any],
-        states: list[list],
-        views: list[dict],
-        hid_lists: list[list[int]],
-        templates: Iterable[dict],
-    ) -> None:
-        """`adopt_view` of each dict, in order, with records from `templates` (those of all the dicts'
-        hooks, in order): C-level passes over the dicts and their hooks, no Python loop."""
-        keys = [*zip(map(id, ds), map(id, owners))]
-        _run(map(self._views.pop, keys, repeat(None)))
-        self._last_views.update(zip(keys, zip(states, views, hid_lists)))
-        whos = [*map(self.rec.who, owners)]
-        _run(map(self._path_of, owners))
-        dkeys = [*map(id, ds)]
-        counts = [*map(len, hid_lists)]
-        hids = [*chain.from_iterable(hid_lists)]
-        dict_of_hook = [*chain.from_iterable(map(repeat, dkeys, counts))]
-        made = [*map(_new, repeat(Record, len(hids)))]
-        _run(map(dict.update, map(vars, made), templates))
-        _run(map(setattr, made, repeat("owner"), chain.from_iterable(map(repeat, whos, counts))))
-        self.records.update(zip(hids, made))
-        self._ids.update(zip(zip(dict_of_hook, hids), hids))
-        self._first_dict.update(zip(hids, dict_of_hook))
-        known = self.counts
-        known.update(zip(dkeys, map(add, map(known.get, dkeys, repeat(0)), counts)))
-        seen = self.seen_dicts
-        new = [*map(not_, map(seen.__contains__, dkeys))]
-        if any(new):
-            refs = map(_ref, compress(ds, new))
-            seen.update(zip(compress(dkeys, new), zip(refs, compress(whos, new), repeat(MODULE))))
-
-    def adopt_view(
-        self, d: dict, owner: Any, state: list, view: dict, hids: list[int], records: Optional[list[dict]]
-    ) -> None:
-        """The view of `d` is `view` (hook id -> shim, in the dict's order; `hids`, its keys, are the
-        hooks' trace ids); `records`: the hooks' records as templates (None: the book made them). A
-        view made again in the session (the dict changed) makes shims of its own for every hook."""
-        key = (id(d), id(owner))
-        self._views.pop(key, None)
-        self._last_views[key] = (state, view, hids)
-        if records is None:
-            return
-        who = self.rec.who(owner)
-        self._path_of(owner)
-        dkey = id(d)
-        new, by_id, ids, first = _new, self.records, self._ids, self._first_dict
-        for hid, template in zip(hids, records):
-            record = by_id[hid] = new(Record)
-            fields = record.__dict__
-            fields.update(template)
-            fields["owner"] = who
-            ids[(dkey, hid)] = hid
-            first[hid] = dkey
-        self.counts[dkey] = self.counts.get(dkey, 0) + len(hids)
-        if dkey not in self.seen_dicts:
-            self.seen_dicts[dkey] = (_ref(d), who, MODULE)
-
     # -- tensor and autograd-node hooks: shims in place ---------------------------------
     def wrap_tensor_hook(
         self, d: dict, hid: int, kind: str, tensor: Any, scope: str = TENSOR
@@ -492,9 +382,12 @@ class HookBook:
         their handle: code deleted them from the dict itself. `unchanged`: ids of dicts seen holding
         every hook the capture saw in them (not read again)."""
         out = set()
-        for (dict_id, hid), tid in [*self._ids.items()]:  # one C-level copy: other threads register
-            if dict_id in unchanged:
-                continue
+        items = [*self._ids.items()]  # one C-level copy: other threads register
+        if unchanged:
+            items = [
+                *compress(items, map(not_, map(unchanged.__contains__, map(_first, map(_first, items)))))
+            ]
+        for (dict_id, hid), tid in items:
             entry = self.seen_dicts.get(dict_id)
             d = entry[0]() if entry is not None else None
             record = self.records.get(tid)

@@ -1,0 +1,161 @@
+"""The hook book's reads and writes over many dicts at once: the views a session adopts from what
+the process kept (capture/kept.py), and the end's check that the module dicts hold what their last
+views saw (capture/ending.py). C-level passes (`map`, `zip`, `chain`) over all the dicts and their
+hooks together, where a Python loop per dict or per hook cost most of a session's start and end.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from itertools import chain, compress, repeat
+from operator import add, itemgetter, mul, not_
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from ..kinds import MODULE
+from . import shims, sites
+from .build import Record
+
+_new = object.__new__
+_run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
+_first, _third = itemgetter(0), itemgetter(2)
+
+
+def _ref(d: dict) -> Callable[[], Optional[dict]]:
+    """A weak reference when the dict allows one (OrderedDict does), else a strong one."""
+    try:
+        return weakref.ref(d)
+    except TypeError:
+        return lambda: d
+
+
+def _state(d: dict) -> list:
+    """The dict's keys, then the ids of its hooks: what a view was made from."""
+    try:
+        return [*d, *map(id, d.values())]
+    except RuntimeError:  # another thread changed the dict between the two reads: read it once
+        items = [*d.items()]
+        return [*(k for k, _ in items), *(id(v) for _, v in items)]
+
+
+class Batched:
+    """What HookBook (capture/records.py) does over many dicts at once, and what kept.py asks of it."""
+
+    rec: shims.Recorder
+    records: dict[int, Record]
+    sites: dict[int, Any]
+    counts: dict[int, int]
+    seen_dicts: dict[int, tuple[Any, Any, str]]
+    _path_of: Callable[[Any], Optional[str]]
+    _ids: dict[tuple[int, int], int]
+    _first_dict: dict[int, int]
+    _views: dict[tuple[int, int], dict[int, tuple[Any, Any]]]
+    _last_views: dict[tuple[int, int], tuple[list, dict, Optional[list[int]]]]
+
+    def has_view(self, d: dict, owner: Any) -> bool:
+        return (id(d), id(owner)) in self._last_views
+
+    state_of = staticmethod(_state)
+
+    def fresh_ids(self, hids: list[int]) -> bool:
+        """No dict seen so far holds these hook ids, no registration site is known for them and none
+        has a record yet: their trace ids are their handle ids, and records come from templates."""
+        return (
+            self._first_dict.keys().isdisjoint(hids)
+            and self.sites.keys().isdisjoint(hids)
+            and self.records.keys().isdisjoint(hids)
+        )
+
+    def templates(self, d: dict, hids: list[int]) -> Optional[list[dict]]:
+        """The records of `d`'s hooks as they stand (no live object in them), or None when one of
+        them has a registration site or a copy's id, or was removed meanwhile."""
+        out = []
+        for hid in hids:
+            record = self.records.get(self._ids.get((id(d), hid), -1))
+            if record is None or record.id != hid or hid in self.sites or record.removed:
+                return None
+            out.append({**record.__dict__, "owner": None})
+        return out
+
+    @staticmethod
+    def naming(template: dict, fn: Any) -> dict:
+        return {**template, "name": sites.hook_name(fn), "defined_at": sites.defined_at(fn)}
+
+    def has_any_view(self, ds: Sequence[dict], owners: Sequence[Any]) -> bool:
+        return not self._last_views.keys().isdisjoint(zip(map(id, ds), map(id, owners)))
+
+    def adopt_views(
+        self,
+        ds: Sequence[dict],
+        owners: Sequence[Any],
+        states: list[list],
+        views: list[dict],
+        hid_lists: list[list[int]],
+        templates: Iterable[dict],
+    ) -> None:
+        """`adopt_view` of each dict, in order, with records from `templates` (those of all the dicts'
+        hooks, in order): C-level passes over the dicts and their hooks, no Python loop."""
+        keys = [*zip(map(id, ds), map(id, owners))]
+        _run(map(self._views.pop, keys, repeat(None)))
+        self._last_views.update(zip(keys, zip(states, views, hid_lists)))
+        whos = [*map(self.rec.who, owners)]
+        _run(map(self._path_of, owners))
+        dkeys = [*map(id, ds)]
+        counts = [*map(len, hid_lists)]
+        hids = [*chain.from_iterable(hid_lists)]
+        dict_of_hook = [*chain.from_iterable(map(repeat, dkeys, counts))]
+        made = [*map(_new, repeat(Record, len(hids)))]
+        _run(map(dict.update, map(vars, made), templates))
+        _run(map(setattr, made, repeat("owner"), chain.from_iterable(map(repeat, whos, counts))))
+        self.records.update(zip(hids, made))
+        self._ids.update(zip(zip(dict_of_hook, hids), hids))
+        self._first_dict.update(zip(hids, dict_of_hook))
+        known = self.counts
+        known.update(zip(dkeys, map(add, map(known.get, dkeys, repeat(0)), counts)))
+        seen = self.seen_dicts
+        new = [*map(not_, map(seen.__contains__, dkeys))]
+        if any(new):
+            refs = map(_ref, compress(ds, new))
+            seen.update(zip(compress(dkeys, new), zip(refs, compress(whos, new), repeat(MODULE))))
+
+    def adopt_view(
+        self, d: dict, owner: Any, state: list, view: dict, hids: list[int], records: Optional[list[dict]]
+    ) -> None:
+        """The view of `d` is `view` (hook id -> shim, in the dict's order; `hids`, its keys, are the
+        hooks' trace ids); `records`: the hooks' records as templates (None: the book made them). A
+        view made again in the session (the dict changed) makes shims of its own for every hook."""
+        key = (id(d), id(owner))
+        self._views.pop(key, None)
+        self._last_views[key] = (state, view, hids)
+        if records is None:
+            return
+        who = self.rec.who(owner)
+        self._path_of(owner)
+        dkey = id(d)
+        new, by_id, ids, first = _new, self.records, self._ids, self._first_dict
+        for hid, template in zip(hids, records):
+            record = by_id[hid] = new(Record)
+            fields = record.__dict__
+            fields.update(template)
+            fields["owner"] = who
+            ids[(dkey, hid)] = hid
+            first[hid] = dkey
+        self.counts[dkey] = self.counts.get(dkey, 0) + len(hids)
+        if dkey not in self.seen_dicts:
+            self.seen_dicts[dkey] = (_ref(d), who, MODULE)
+
+    def all_unchanged_ids(self, ds: Sequence[dict], owners: Sequence[Any]) -> Optional[list[list[int]]]:
+        """`unchanged_ids` of each dict when none of them is None, else None: C-level passes over the
+        dicts (their keys and hooks' ids, together, against their last views')."""
+        lasts: list[Any] = [*map(self._last_views.get, zip(map(id, ds), map(id, owners)))]
+        if None in lasts:
+            return None
+        tids = [*map(_third, lasts)]
+        states = [*map(_first, lasts)]
+        if None in tids or [*map(len, states)] != [*map(mul, map(len, ds), repeat(2))]:
+            return None
+        try:  # each dict's keys, then its hooks' ids (`_state`), one dict after another
+            now = [*chain.from_iterable(map(chain, ds, map(map, repeat(id), map(dict.values, ds))))]
+        except RuntimeError:  # another thread changed a dict meanwhile: each is read on its own
+            return None
+        return tids if [*chain.from_iterable(states)] == now else None
