@@ -230,3 +230,29 @@ def test_fsdp2_custom_collectives_on_two_ranks(tmp_path: Path) -> None:
             assert module in ("", "0")
         assert {phase for name, _k, phase, _m in events if name == "ag"} == {"forward", "backward"}
         assert not traced["never_fired"]
+
+
+@pytest.mark.parametrize("start", ["0", "1"])
+def test_exec_traces_fsdp_imported_by_the_script(tmp_path: Path, start: str) -> None:
+    """`hooktrace exec` opens its capture before the script imports FSDP (window at step 0), or after
+    (step 1): the all-reduce hooks' calls in the window are the hooks' own record of that step."""
+    out = tmp_path / "trace.json"
+    env = {**os.environ, "MASTER_PORT": str(_free_port())}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    script = Path(__file__).parent / "scripts" / "fsdp_exec.py"
+    args = ["exec", "--start", start, "--keep-running", "-o", str(out), str(script)]
+    done = subprocess.run([sys.executable, "-m", "hooktrace", *args], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    own = [line for line in done.stderr.splitlines() if line.startswith("all_reduce_hook step")]
+    trace = hooktrace.load(str(out))
+    events = [e for e in trace.hook_events() if e.kind == "fsdp_all_reduce"]
+    assert [f"{trace.hook(e.hook).name} step {start}" for e in events] == [
+        line for line in own if line.endswith(f"step {start}")
+    ]
+    assert [e.module for e in events] == ["", "0"] and len(own) == 4
+    lines = script.read_text().splitlines()
+    setters = {f"fsdp_exec.py:{n}" for n, line in enumerate(lines, 1) if ".set_all_reduce_hook(" in line}
+    registered = {(trace.hook(e.hook).registered_at or "").rsplit("/", 1)[-1] for e in events}
+    # seen from the window's start; a hook set before a later window has no call site (docs/capture.md)
+    assert registered == (setters if start == "0" else {""})

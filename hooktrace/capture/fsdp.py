@@ -20,7 +20,8 @@
 What FSDP holds is never replaced: the param groups' attributes and `_comm_hook` are the user's own
 objects inside the block too (`state._comm_hook in LOW_PRECISION_HOOKS` still holds). The setters
 are watched for the call site; hooks set before the block are found on the model's FSDP modules.
-The patches are made when the capture starts, or when it first sees the model, if FSDP is imported.
+The patches are made when the capture starts if FSDP is imported, else once it is and a module
+registers a hook (`fully_shard`, `FullyShardedDataParallel` do) or the capture meets a model.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class Tracer:
         self._active = active
         self._ledger: Optional[Ledger] = None
         self._patched: set[str] = set()
+        self.pending = True  # some of FSDP is not patched yet
         # (kind, module key, id(hook)) -> (hook, its trace id, a weak reference to the module or None)
         self._ids: dict[tuple[str, Any, int], tuple[Any, int, Any]] = {}
 
@@ -259,6 +261,7 @@ class Tracer:
                 for name, copy in copies.items():
                     ledger.set(runtime, name, copy)
                 ledger.set(cls, "register_comm_hook", self._fsdp1_register(vars(cls)["register_comm_hook"]))
+        self.pending = len(self._patched) < 2
 
     def _foreach(self, original: Callable[..., Any], comm_name: str) -> Callable[..., Any]:
         """FSDP2's `foreach_all_gather` / `foreach_reduce`, with the custom comm named `comm_name` (and
@@ -315,11 +318,20 @@ class Tracer:
         return self.recorded(hook, K.fsdp_comm, state if isinstance(state, torch.nn.Module) else None)
 
 
+def on_module_hook(book: Any) -> None:
+    """A module hook was registered (under the capture's lock): FSDP, when it was imported after the
+    capture started (`hooktrace exec` opens it before the script's imports), is patched now, before
+    `fully_shard` or `FullyShardedDataParallel` returns."""
+    tracer = book.fsdp
+    if tracer is not None and tracer.pending:
+        tracer.patch()
+
+
 def install(
     book: Any, site_of: Callable[[Any], Any], lock: Any, active: Callable[[], bool], ledger: Ledger
 ) -> None:
-    """FSDP's hooks for one capture: patched now if FSDP is imported, else when the capture first
-    meets a model (`book.fsdp.held`)."""
+    """FSDP's hooks for one capture: patched now if FSDP is imported, else when it is imported and a
+    module registers a hook (`on_module_hook`) or the capture meets a model (`book.fsdp.held`)."""
     tracer = Tracer(book, site_of, lock, active)
     book.fsdp = tracer
     ledger.on_restore(lambda: setattr(book, "fsdp", None))

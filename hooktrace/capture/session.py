@@ -292,6 +292,7 @@ class Capture:
                 if record is not None:
                     record.tensor_desc = self._namer.describe(owner, frame)
                 return
+            fsdp.on_module_hook(book)  # FSDP imported inside the block: patched once its modules register
         if kind == K.backward:
             kind = dicts.backward_kind(owner)
         # the record exists from now on, so a hook removed before it could fire is still in the trace
@@ -354,10 +355,7 @@ class Capture:
 
     def comm_hook(self, ddp: Any, hook: Any, frame: Optional[FrameType]) -> None:
         """A DDP comm hook (registered now, or before the block): its calls are traced until the end."""
-        site = self._site(frame) if frame is not None else None
-        with self._lock:
-            if self._active:
-                comm.trace_hook(hook, lambda call: self._book.comm_shim(ddp, hook, site, call), self._ledger)
+        self.comm_hook_at(ddp, hook, self._site(frame) if frame is not None else None)
 
     def comm_hook_at(self, ddp: Any, hook: Any, site: Optional[Site]) -> None:
         """A DDP comm hook registered before this capture, at `site` (`hooktrace exec` saw it)."""
