@@ -113,7 +113,12 @@ def _owners() -> list[Any]:
             todo.extend(cls.__subclasses__())
     owners: list[Any] = [nn.Module, torch.Tensor, *optimizers, nn_module, torch.nn.modules, torch.nn]
     owners += [optim_module, torch.optim, RemovableHandle, autograd_function._HookMixin, saved_tensors_hooks]
-    owners += [torch._C._autograd.SavedTensor, torch.autograd, torch.autograd.Variable]
+    owners += [
+        torch._C._autograd.SavedTensor,
+        torch.autograd,
+        torch.autograd.Variable,
+        torch.autograd.profiler,
+    ]
     if torch.distributed.is_available():
         owners.append(torch.distributed)
     fsdp = ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "torch.distributed.fsdp._runtime_utils")
@@ -145,6 +150,8 @@ def _state(extra_functions: tuple[Any, ...] = ()) -> dict[tuple[int, str], Any]:
                 functions.append(value)
     # torch's own counter of handle ids: every registration moves it
     state.pop((id(RemovableHandle), "next_id"))
+    for name in ("_cupti_monitor_module", "_cupti_monitor_checked"):  # the profiler's lazy cache
+        state.pop((id(torch.autograd.profiler), name), None)
     for slot in CURRENT.__slots__:
         state[id(CURRENT), slot] = getattr(CURRENT, slot)
     for fn in functions:

@@ -296,3 +296,69 @@ def test_cli_profile_merges_hooktraces_events(tmp_path: Path) -> None:
     for ours, theirs in pairs:
         assert _centred(ours, theirs), (ours["name"], ours["ts"], ours["dur"], theirs["ts"], theirs["dur"])
     assert any(e.get("name") == "aten::linear" for e in merged["traceEvents"])
+
+
+_FIRST_PROFILE_INSIDE = """
+import json, sys, warnings
+import torch, hooktrace
+from torch import nn
+from hooktrace.render.merged import merge_profile
+
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+model[0].register_forward_hook(lambda module, args, out: out * 2)
+model[2].register_forward_pre_hook(lambda module, args: (args[0] + 1,))
+compiled = torch.compile(model, backend="eager")
+x = torch.randn(3, 4)
+
+def profiled():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as p:
+        compiled(x)
+    p.export_chrome_trace(sys.argv[1])
+    return json.load(open(sys.argv[1]))
+
+with hooktrace.trace(compiled) as t:
+    compiled(x)  # the graph is compiled here, seen by the capture
+    inside = profiled()  # the process's first with_stack profile
+after = profiled()
+json.dump({"inside": merge_profile(t.trace, inside), "after": after}, open(sys.argv[1], "w"))
+"""
+
+
+def test_first_with_stack_profile_inside_a_block_keeps_module_and_compiled_ranges(tmp_path: Path) -> None:
+    """PyTorch reads `nn.Module.__call__`'s code once per process, when the first with_stack profile
+    starts; started inside the block it read hooktrace's wrapper: the block's calls had two ranges
+    (`nn.Module: OptimizedModule_0` and `module <root> (OptimizedModule)`) and no profile after the
+    block had any `nn.Module:` range. Now: one range per call inside (named as the trace names it),
+    PyTorch's after, and the merged file's compiled-graph span inside Dynamo's compiled region and
+    the module's range."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "first_profile.py"
+    script.write_text(_FIRST_PROFILE_INSIDE)
+    out = tmp_path / "profiles.json"
+    subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True, text=True)
+    profiles = json.loads(out.read_text())
+    inside, after = profiles["inside"], profiles["after"]
+    modules = _module_ranges(inside, "module ")
+    assert [m["name"] for m in modules] == ["module <root> (Sequential)"]
+    assert not _module_ranges(inside, "nn.Module: ")
+    assert [m["name"] for m in _module_ranges(after, "nn.Module: ")] == ["nn.Module: OptimizedModule_0"]
+    assert not _module_ranges(after, "module ")
+    (region,) = _module_ranges(inside, "Torch-Compiled Region")
+    assert _inside(modules[0], region)
+    graphs = [
+        e
+        for e in inside["traceEvents"]
+        if e.get("ph") == "X" and e.get("args", {}).get("kind") == "compiled_graph"
+    ]
+    assert len(graphs) == 2  # the compiling call's run, before the profile, and the profiled call's
+    assert all(
+        g["name"].startswith("torch.compile graph 1") and g["name"].count("<lambda>") == 2 for g in graphs
+    )
+    slack = 50.0  # µs: hooktrace's events are placed by its clock anchor (no hook ran as Python to refine it)
+    assert graphs[0]["ts"] + graphs[0]["dur"] < region["ts"]
+    assert region["ts"] - slack <= graphs[1]["ts"]
+    assert graphs[1]["ts"] + graphs[1]["dur"] <= region["ts"] + region["dur"] + slack

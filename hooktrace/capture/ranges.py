@@ -6,11 +6,16 @@ as `hook <kind> <name>` around the operators it ran; with no profiler, nothing h
 
 The module-call wrapper opens `module <path> (<Class>)` the same way: PyTorch's profiler names
 module calls (`nn.Module: ...`, with_stack) by the code of `nn.Module.__call__` it read at its first
-such profile, and inside the block that attribute is hooktrace's wrapper.
+such profile, and inside the block that attribute is hooktrace's wrapper. PyTorch reads that code
+once per process, when the first `with_stack` profile starts: one that starts inside the block would
+keep the wrapper's code for good (no `nn.Module:` range after the block, two ranges per call in a
+later block), so while the block is open the profiler starts with PyTorch's own `__call__` in place
+(`guard_module_code`) until a `with_stack` profile has started.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -18,7 +23,7 @@ import torch
 from ..kinds import ROOT
 from .sites import hook_name
 
-__all__ = ["module_range", "ranged"]
+__all__ = ["guard_module_code", "module_range", "ranged"]
 
 
 def ranged(fn: Any, kind: str) -> Callable[..., Any]:
@@ -34,6 +39,37 @@ def ranged(fn: Any, kind: str) -> Callable[..., Any]:
 
 def module_range(module: Any, path: Optional[str]) -> Any:
     """The `record_function` range of one module call: `module <path> (<Class>)`."""
-    cls = type(module).__name__
+    children = vars(module).get("_modules")
+    inner = children.get("_orig_mod") if children else None  # torch.compile(m)'s wrapper: named as m
+    cls = type(module if inner is None else inner).__name__
     where = path if path else (ROOT if path == "" else "?")
     return torch.autograd.profiler.record_function(f"module {where} ({cls})")
+
+
+_CODE_READ = [False]  # a with_stack profile started in this process while a block was open
+
+
+def guard_module_code(ledger: Any, original_call: Any) -> None:
+    """While the block is open, torch.autograd.profiler's `_enable_profiler` (where a `with_stack`
+    profile makes PyTorch read `nn.Module.__call__`'s code, once per process) runs with PyTorch's
+    own `__call__` in place, until a `with_stack` profile has started. Recorded in `ledger`."""
+    profiler = torch.autograd.profiler
+    enable = vars(profiler).get("_enable_profiler")
+    if _CODE_READ[0] or enable is None:
+        return
+    module_class: Any = torch.nn.Module
+
+    def hooktrace_enable_profiler(*args: Any, **kwargs: Any) -> Any:
+        if _CODE_READ[0]:
+            return enable(*args, **kwargs)
+        owner = sys._getframe(1).f_locals.get("self")  # torch.autograd.profiler.profile
+        if getattr(owner, "with_stack", False):
+            _CODE_READ[0] = True
+        current = vars(module_class)["__call__"]
+        module_class.__call__ = original_call
+        try:
+            return enable(*args, **kwargs)
+        finally:
+            module_class.__call__ = current
+
+    ledger.set(profiler, "_enable_profiler", hooktrace_enable_profiler)

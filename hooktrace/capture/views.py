@@ -29,7 +29,7 @@ import torch.nn.modules.module as nn_module
 
 from .. import supported
 from ..supported import UnsupportedTorch
-from . import dicts
+from . import dicts, ranges
 from .ledger import CURRENT, Ledger
 
 # The global hook dicts and flags, read live from PyTorch's module, not from the copies' namespace:
@@ -371,6 +371,7 @@ def install(
             if name == "_call_impl":  # the `__call__` wrapper calls it; `_call_impl` stays PyTorch's
                 continue
             ledger.set(torch.nn.Module, name, copy)
+        ranges.guard_module_code(ledger, vars(torch.nn.Module)["__call__"])  # the profiler's module names
         ledger.set(torch.nn.Module, "__call__", module_call)
     except BaseException:
         ledger.restore(to=start)
