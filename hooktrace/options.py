@@ -151,7 +151,8 @@ OPTIONS: dict[str, Flag] = {
     "step_on": Flag(
         ("--step-on",),
         f"What ends a step: each optimizer.step() of any optimizer ({STEP_OPTIMIZER}), each outermost "
-        f"backward() ({STEP_BACKWARD}), or each outermost module call ({STEP_FORWARD}).",
+        f"backward() ({STEP_BACKWARD}), or each outermost module call ({STEP_FORWARD}: for inference; in "
+        "training, a window opened at a forward's end does not trace that forward's backward).",
         "|".join(STEP_ON),
         STEP_OPTIMIZER,
     ),

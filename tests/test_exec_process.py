@@ -455,3 +455,57 @@ def test_a_script_that_empties_sys_argv(tmp_path, how):
     assert plain.returncode == 0 and "emptied []" in plain.stdout, plain.stderr
     assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
     assert (tmp_path / "run.json").exists()
+
+
+# -- --step-on forward in a training loop -----------------------------------------------------------
+
+_FORWARD_STEPS = """
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    record = []
+    model[0].register_forward_hook(lambda m, i, o: record.append("forward"))
+    def backward_hook(m, grad_input, grad_output):
+        record.append("backward")
+        print("hooks so far", record, flush=True)
+    model[0].register_full_backward_hook(backward_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        out = model(torch.ones(1, 2, requires_grad=True))
+        if {train}:
+            out.sum().backward()
+            opt.step()
+"""
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_step_on_forward_says_when_a_backward_of_an_earlier_forward_ran_in_the_window(tmp_path, train):
+    """`exec -m pkg.train --step-on forward --start 1`: the window opens at the end of step 0's forward,
+    whose backward then runs inside it: the hook's own record has that backward call, the trace does
+    not, and a note says why (it said nothing). An inference loop (no backward) gets no such note."""
+    (tmp_path / "pkg").mkdir()
+    _script(tmp_path, "", "pkg/__init__.py")
+    _script(tmp_path, _FORWARD_STEPS.replace("{train}", str(train)), "pkg/train.py")
+    run = [
+        "-m",
+        "hooktrace",
+        "exec",
+        "--step-on",
+        "forward",
+        "--start",
+        "1",
+        "-o",
+        "run.json",
+        "-m",
+        "pkg.train",
+    ]
+    traced = _python(tmp_path, *run)
+    assert traced.returncode == 0, traced.stderr
+    kinds = [e.kind for e in hooktrace.load(tmp_path / "run.json").hook_events()]
+    assert kinds == ["forward"], kinds  # the window's forward; its backward runs after the window
+    said = "that forward's backward ran inside the window untraced" in traced.stderr
+    if train:
+        assert traced.stdout == "hooks so far ['forward', 'backward']\n"  # it ran, in the window
+        assert said, traced.stderr
+    else:
+        assert traced.stdout == "" and not said, traced.stderr

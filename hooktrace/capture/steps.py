@@ -77,6 +77,20 @@ class StepWatch:
     def restore(self) -> None:
         self._ledger.restore()
 
+    def on_backward(self, begins: Callable[[], None]) -> None:
+        """`begins()` as each `torch.autograd.backward` (`Tensor.backward`) begins, until `restore()`:
+        exec's window opened at a forward's end sees the backward of that forward run inside it."""
+        original = torch.autograd.backward
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            begins()
+            return original(*args, **kwargs)
+
+        backward.__wrapped__ = original  # type: ignore[attr-defined]
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+            setattr(backward, attr, getattr(original, attr))
+        self._ledger.set(torch.autograd, "backward", backward)  # not a kind: torch.autograd.backward
+
     def _counting_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         depth: dict[int, int] = {}
         on_step_end = self._on_step_end

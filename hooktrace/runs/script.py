@@ -31,9 +31,15 @@ from ..schema import Trace
 from .as_main import MainState, NotFound, check_module, run_main
 from .driver import Result, open_capture, stopped_in
 from .failure import describe_error, failing_event, script_frame
-from .stop import Stopped, install, restore
+from .stop import ScriptSignals, Stopped
 from .uncaught import script_traceback
 
+_EARLIER_BACKWARD = (
+    "with --step-on forward a step is one outermost module call: the window opened at the end of the "
+    "forward of step {before}, and that forward's backward ran inside the window untraced (its "
+    "modules' backward hooks and its tensors' hooks are not in the trace; never-fired may name them); "
+    "a training loop is cut where its steps end with --step-on optimizer (the default) or backward"
+)
 OWN_TRACE = "opened its own hooktrace.trace()"  # the window ends there: one capture at a time
 MAX_START = 10**9  # steps a script runs before its window: far past any training run
 _STEP_WORDS = {STEP_OPTIMIZER: "optimizer.step()", STEP_BACKWARD: "outermost backward()",
@@ -140,6 +146,7 @@ class _Window:
         self.own: Any = None  # the window's own capture, and the script's own trace()'s while open
         self.foreign: Any = None
         self._listening: Any = None
+        self.earlier_backward = False  # --step-on forward: an earlier forward's backward ran in it
 
     def install(self) -> None:
         from ..capture.ledger import CURRENT, Ledger
@@ -217,6 +224,14 @@ class _Window:
         self.session = session
         self.watch.rewrap()
         self.state = "open"
+        if self.options.step_on == STEP_FORWARD and self.ended:  # opened at a forward's end
+            opened = self.ended
+
+            def backward_begins() -> None:  # before the window's first forward ended: an earlier one's
+                if self.state == "open" and self.ended == opened:
+                    self.earlier_backward = True
+
+            self.watch.on_backward(backward_begins)
 
     def close(self, ended_by: Optional[str] = None) -> Result:
         """End the capture and hand the trace over (once)."""
@@ -256,6 +271,9 @@ class _Window:
         notes = self._notes(ended_by)
         return Result(trace=session.trace, label=self.script.label, notes=notes, steps_ended=self.ended)
 
+    def _earlier_backward_note(self) -> list[str]:
+        return [_EARLIER_BACKWARD.format(before=self.options.start - 1)] if self.earlier_backward else []
+
     def _notes(self, ended_by: Optional[str]) -> list[str]:
         options = self.options
         words = _STEP_WORDS[options.step_on]
@@ -270,7 +288,7 @@ class _Window:
                     f"the window closed in thread {self.thread!r}, not the main thread: hooktrace stops a "
                     "script only in its main thread, so the script ran on untraced (Ctrl-C stops it)"
                 )
-            return [f"traced {window}; {what}"]
+            return [f"traced {window}; {what}", *self._earlier_backward_note()]
         notes = []
         if self.ended < options.start:
             registered = len(self.registrations.sites)
@@ -299,6 +317,7 @@ class _Window:
                     else ""
                 )
             )
+        notes += self._earlier_backward_note()
         ended = ended_by in ("ended", "exited with code 0")
         if self.ended == 0 and ended and options.step_on == STEP_OPTIMIZER:
             notes.append(
@@ -318,32 +337,6 @@ def _exit_code(exc: SystemExit) -> tuple[int, Optional[str]]:
     return 1, str(code)
 
 
-class _Sigterm:
-    """SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) raise `Stopped` in the script (as
-    for `run`), unless the script set its own handler or the signal is ignored (`nohup`). SIGINT keeps
-    Python's own handler: the script sees KeyboardInterrupt, as it would untraced."""
-
-    def __init__(self) -> None:
-        self._saved: dict[int, Any] = {}
-        self.forked = False
-
-    def __enter__(self) -> _Sigterm:
-        self._saved = install((signal.SIGTERM, signal.SIGHUP), self._handler, only_default=True)
-        return self
-
-    def release(self) -> None:
-        """Put SIGTERM's handler back now (a forked child is not stopped as the traced script)."""
-        restore(self._saved, only_if=self._handler)
-        self._saved = {}
-
-    @staticmethod
-    def _handler(signum: int, frame: Any) -> None:
-        raise Stopped(signum)
-
-    def __exit__(self, *exc: Any) -> None:
-        restore(self._saved, only_if=self._handler)
-
-
 # The window and the SIGTERM handler of the script this process runs, for `_after_fork_in_child`.
 _RUNNING: list[Any] = []
 _FORK_HANDLER: list[bool] = []
@@ -355,7 +348,7 @@ def _after_fork_in_child() -> None:
     handled as the script left it (multiprocessing's `terminate()` ends a worker as untraced)."""
     for running in _RUNNING:
         running.forked = True
-        if isinstance(running, _Sigterm):
+        if isinstance(running, ScriptSignals):
             running.release()
 
 
@@ -388,7 +381,7 @@ def run_script(
     stop: Optional[BaseException] = None  # where a stop signal landed
     ended_by = "ended"
     _watch_forks()
-    with MainState(script.path, script.module, script.args), _Sigterm() as sigterm:
+    with MainState(script.path, script.module, script.args), ScriptSignals() as sigterm:
         _RUNNING[:] = [window, sigterm]
         try:
             window.install()

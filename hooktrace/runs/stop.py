@@ -78,3 +78,29 @@ class StopSignals:
 
     def __exit__(self, *exc: Any) -> None:
         restore(self._saved)
+
+
+class ScriptSignals:
+    """`exec`'s: SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) raise `Stopped` in the
+    script (as for `run`), unless the script set its own handler or the signal is ignored (`nohup`). SIGINT keeps
+    Python's own handler: the script sees KeyboardInterrupt, as it would untraced."""
+
+    def __init__(self) -> None:
+        self._saved: dict[int, Any] = {}
+        self.forked = False
+
+    def __enter__(self) -> ScriptSignals:
+        self._saved = install((signal.SIGTERM, signal.SIGHUP), self._handler, only_default=True)
+        return self
+
+    def release(self) -> None:
+        """Put SIGTERM's handler back now (a forked child is not stopped as the traced script)."""
+        restore(self._saved, only_if=self._handler)
+        self._saved = {}
+
+    @staticmethod
+    def _handler(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        restore(self._saved, only_if=self._handler)
