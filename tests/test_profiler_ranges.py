@@ -349,6 +349,12 @@ def test_first_with_stack_profile_inside_a_block_keeps_module_and_compiled_range
     assert not _module_ranges(after, "module ")
     (region,) = _module_ranges(inside, "Torch-Compiled Region")
     assert _inside(modules[0], region)
+    # the profiler's own range of the graph's run, naming its hooks
+    (ranged,) = [
+        e for e in _module_ranges(inside, "torch.compile graph 1") if e.get("cat") == "user_annotation"
+    ]
+    assert ranged["name"] == "torch.compile graph 1 (hooks in program order): <lambda>, <lambda>"
+    assert _inside(region, ranged)
     graphs = [
         e
         for e in inside["traceEvents"]

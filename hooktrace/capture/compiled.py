@@ -38,7 +38,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .. import kinds
-from . import hookapis, shims
+from . import hookapis, shims, sites
 from .build import ONLY_AS_PYTHON
 from .ledger import CURRENT, Ledger
 
@@ -83,14 +83,22 @@ def _key(rec: shims.Recorder, ref: Any) -> Optional[int]:
     return None if module is None else rec.module_key(module)
 
 
-def _graph_runner(fn: Any, number: int, hooks: Compiled) -> Callable[..., Any]:
+def _graph_runner(fn: Any, number: int, hooks: Compiled, names: list[str]) -> Callable[..., Any]:
     """What Dynamo installs for a compiled forward graph holding hooks: `fn`, each run recorded into
-    the capture open then (none: `fn` alone)."""
+    the capture open then (none: `fn` alone); while a profiler records, inside a `record_function`
+    range naming the graph's hooks (`names`) in program order."""
+    import torch
+
+    profiler = torch.autograd.profiler
+    label = f"torch.compile graph {number} (hooks in program order): {', '.join(names)}"
 
     def hooktrace_graph_run(*args: Any, **kwargs: Any) -> Any:
         runs = CURRENT.graph_runs
         if runs is None:
             return fn(*args, **kwargs)
+        if profiler._is_profiler_enabled:
+            with profiler.record_function(label):
+                return runs(number, False, hooks, fn, args, kwargs)
         return runs(number, False, hooks, fn, args, kwargs)
 
     if getattr(fn, "_boxed_call", False):  # called with one list of arguments: passed on as it is
@@ -374,8 +382,9 @@ class Forward:
                 return compiled
             graphs.append((next(counter), tuple(hid for hid, _hook, _ref in inlined)))
             hooks = tuple((hid, ref) for hid, _hook, ref in inlined)
+            names = [sites.hook_name(hook) for _hid, hook, _ref in inlined]
             inlined.clear()
-            return _graph_runner(_recompiled(compiled), next(_NUMBERS), hooks)
+            return _graph_runner(_recompiled(compiled), next(_NUMBERS), hooks, names)
 
         call_user_compiler.__wrapped__ = original_compiler  # type: ignore[attr-defined]
         self._ledger.set(translator, "inline_call", classmethod(inline_call))
