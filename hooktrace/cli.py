@@ -299,6 +299,7 @@ def exec_(
             from .ranks.job import Job
             from .ranks.show import run_ranks
 
+            driver.script.for_ranks()
             job = Job("script", script=tuple(script or ()), as_module=as_module, options=options)
             raise typer.Exit(run_ranks(job, nproc, rank, timeout, shown_as, golden))
         result = driver.run(on_trace=lambda complete: show(complete, shown_as, golden))

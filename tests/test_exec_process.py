@@ -346,6 +346,16 @@ def test_a_script_from_a_pipe_runs_as_python_runs_it(tmp_path):
     assert _fired(tmp_path / "run.json") == ["piped_hook"]
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="no /dev/fd")
+def test_a_script_from_a_pipe_with_nproc_is_one_error_line(tmp_path):
+    """`exec --nproc 2 <(...)`: each rank would read the pipe (it is read once, and not passed to the
+    ranks): refused before any rank starts, exit 2, one line (it said "script not found")."""
+    traced = _from_pipe(tmp_path, "-m", "hooktrace", "exec", "--nproc", "2", "-o", "run.json")
+    assert traced.returncode == 2 and traced.stderr.startswith("error: /dev/fd/"), traced.stderr
+    assert traced.stderr.count("\n") == 1 and "a pipe is read once" in traced.stderr, traced.stderr
+    assert traced.stdout == "" and not list(tmp_path.iterdir())
+
+
 _PACKAGE_MAIN = """
     import torch
     from pkg import model

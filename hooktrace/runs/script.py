@@ -90,6 +90,15 @@ class Script:
             )
         return self
 
+    def for_ranks(self) -> Script:
+        """UsageError for a script the ranks of --nproc cannot each read: a pipe (`<(...)`) is read once."""
+        if self.path is not None and not os.path.isfile(self.path) and not os.path.isdir(self.path):
+            raise UsageError(
+                f"{self.path} is not a file (a pipe is read once): --nproc starts one process per rank, "
+                "each reading the script; save it to a file and give its path"
+            )
+        return self
+
 
 def _rank_meta() -> tuple[Optional[int], Optional[int]]:
     """RANK / WORLD_SIZE as torchrun (or any launcher) sets them, else (None, None). Numbers no
