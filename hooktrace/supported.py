@@ -1,7 +1,7 @@
-"""Which torch hooktrace traces with: 2.8 to 2.15 (README "Compatibility"), told in one line otherwise.
+"""Which torch hooktrace traces with: 2.8 to 2.15 (README "Torch versions"), told in one line otherwise.
 
-torch 2.8 to 2.14 were run (the suite and every sample), 2.15's source was checked
-(scripts/check_torch_source.py). An older torch is refused at the first use, before any of the
+torch 2.8 to 2.14 were run by hand (scripts/torch_matrix.sh; README "Torch versions" says what ran
+on each and when), 2.15's source was checked (scripts/check_torch_source.py). An older torch is refused at the first use, before any of the
 capture's code touches PyTorch's internals; a newer one is traced if every source rewrite and check
 of the capture still applies (capture/views.py), else refused with the same line and the reason.
 This module does not import torch until `require()` is called.

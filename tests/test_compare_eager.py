@@ -103,8 +103,40 @@ def test_inlined_no_ops_does_not_fire_for_a_hook_with_an_op() -> None:
     assert rules(result) == ["inlined"]
 
 
+def _aot_calls_its_forward_graph_as_a_module() -> bool:
+    """Whether AOTAutograd's runtime calls aot_eager's compiled forward GraphModule through its
+    `__call__` (a module call, which the trace shows and the rule places the packs after): torch 2.13
+    does; torch 2.8 runs the graph's `forward` itself, so nothing shows where the graph ended. Asked
+    of PyTorch (its GraphModule's calls outside compiling, untraced), not of a version number."""
+    from torch.fx.graph_module import GraphModule
+
+    calls: list[object] = []
+    original = GraphModule.__call__
+
+    def counted(self: GraphModule, *args: object, **kwargs: object) -> object:
+        if not torch.compiler.is_compiling():
+            calls.append(self)
+        return original(self, *args, **kwargs)
+
+    GraphModule.__call__ = counted  # type: ignore[method-assign]
+    try:
+        target = compare_cases.saved()
+        target.model(target.inputs)  # compiles
+        calls.clear()
+        target.model(target.inputs)
+    finally:
+        GraphModule.__call__ = original  # type: ignore[method-assign]
+        compare_cases.RECORD.clear()
+    return bool(calls)
+
+
 def test_replayed_after_graph_fires_for_pack_hooks_under_aot_autograd() -> None:  # #116221
     result = compared("saved")
+    if not _aot_calls_its_forward_graph_as_a_module():
+        # torch 2.8: the packs ran inside the compiled module's call, but no call of the graph
+        # proves they came after it: the rule says nothing rather than guess
+        assert rules(result) == []
+        return
     assert rules(result) == ["replayed_after_graph", "replayed_after_graph"]
     text = result.comparison.reasons[0].text  # type: ignore[union-attr]
     assert "ran 5 times in the eager forward" in text and "in the compiled run 4 times" in text

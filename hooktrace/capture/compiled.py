@@ -37,7 +37,10 @@ import warnings
 import weakref
 from typing import Any, Callable, Optional
 
+import torch
+
 from .. import kinds
+from ..supported import release
 from . import hookapis, shims, sites
 from .build import ONLY_AS_PYTHON
 from .ledger import CURRENT, Ledger
@@ -119,6 +122,10 @@ def _recompiled(fn: Any) -> Any:
 
 
 _END_CAPTURE_PARAMS = ["self", "outputs"]
+# torch 2.8 (run): Dynamo compiles PyTorch's multi-grad inner hook into the compiled-autograd graph, so
+# the user's function runs inside the graph (its effects replayed), never as Python; 2.13 breaks the
+# graph there and runs it as Python. 2.9 to 2.12 were not run with compiled autograd: taken as 2.8.
+_MULTI_GRAD_IN_GRAPH = (release(str(torch.__version__)) or (2, 13)) < (2, 13)
 _RUNTIME_PARAMS = ["compiled_fn", "inputs", "sizes", "scalars", "hooks", "packed_inputs"]
 
 
@@ -175,7 +182,7 @@ def _entries(hooks: Any, slots: list[int]) -> tuple[tuple[int, Optional[int]], .
             if i in placed:
                 out[placed[i]] = None
             placed[i] = len(out)
-            out.append((i, ONLY_AS_PYTHON))
+            out.append((i, None if _MULTI_GRAD_IN_GRAPH else ONLY_AS_PYTHON))
     return tuple(e for e in out if e is not None)
 
 
