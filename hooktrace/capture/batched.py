@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
+from functools import partial
 from itertools import chain, compress, repeat
-from operator import add, itemgetter, mul, not_
+from operator import add, attrgetter, contains, itemgetter, methodcaller, mul, not_
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ..kinds import MODULE
@@ -18,7 +19,50 @@ from .build import Record
 
 _new = object.__new__
 _run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
-_first, _third = itemgetter(0), itemgetter(2)
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+_parameters_of, _modules_of, _items = (
+    methodcaller("get", "_parameters"),
+    methodcaller("get", "_modules"),
+    methodcaller("items"),
+)
+_name = attrgetter("__name__")
+
+
+def named_params(named: list[tuple[str, Any]]) -> list[tuple[str, tuple[str, Any]]]:
+    """(path, (name, parameter)) of every module's `_parameters`, modules in the order of `named`
+    ((path, module) pairs), as each module's dict gives them: C-level passes, no loop per parameter."""
+    helds = [*map(_parameters_of, map(vars, map(_second, named)))]
+    return [
+        *chain.from_iterable(
+            map(zip, map(repeat, compress(map(_first, named), helds)), map(_items, filter(None, helds)))
+        )
+    ]
+
+
+def module_keys(rec: shims.Recorder, modules: list[Any]) -> list[int]:
+    """`[rec.module_key(m) for m in modules]`. Modules the recorder has not met (a session's start) are
+    keyed together, by C-level passes, as `Recorder.key` keys each (their ids, a weak reference
+    that retires the key when the module dies); torch.compile's wrapper, a module met before, one
+    twice or without weak references: each on its own."""
+    ids = [*map(id, modules)]
+    if (
+        len({*ids}) == len(ids)
+        and rec.module_ids.keys().isdisjoint(ids)
+        and rec.ids.keys().isdisjoint(ids)
+        and rec.retired.isdisjoint(ids)
+    ):
+        try:
+            children = [*map(_modules_of, map(vars, modules))]
+            if not any(map(contains, filter(None, children), repeat("_orig_mod"))):
+                refs = [*map(weakref.ref, modules, map(partial, repeat(rec._died), ids, ids))]
+                rec.ids.update(zip(ids, ids))
+                rec.types.update(zip(ids, map(_name, map(type, modules))))
+                rec.modules += refs
+                rec.module_ids.update(zip(ids, ids))
+                return ids
+        except TypeError:  # a module with no __dict__ or no weak references
+            pass
+    return [*map(rec.module_key, modules)]
 
 
 def _ref(d: dict) -> Callable[[], Optional[dict]]:

@@ -17,14 +17,13 @@ import torch
 
 from ..kinds import MODULE, NODE, TENSOR
 from ..schema import Meta, Module
-from . import build, dicts, hookapis, roots, shims
+from . import batched, build, dicts, hookapis, roots, shims
 from .records import HookBook
 from .tensors import dtype_and_device, hook_place, weak
 
 # read over many dicts, records and modules by C-level calls (map), not a Python loop over them
 _call = methodcaller("__call__")  # a weak reference's (or records._ref's strong stand-in's) object
 _first, _second = itemgetter(0), itemgetter(1)
-_parameters_of, _items = methodcaller("get", "_parameters"), methodcaller("items")
 _not_none = partial(is_not, None)
 _name = attrgetter("__name__")
 _tensor_ref, _node_of, _owner = attrgetter("tensor_ref"), attrgetter("node_of"), attrgetter("owner")
@@ -116,13 +115,7 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
     earlier = book.param_records
     if not wanted and not earlier:
         return final
-    # (path, (name, parameter)) of every module's parameters, in order
-    helds = [*map(_parameters_of, map(vars, modules))]
-    held = [
-        *chain.from_iterable(
-            map(zip, map(repeat, compress(map(_first, named), helds)), map(_items, filter(None, helds)))
-        )
-    ]
+    held = batched.named_params(named)  # (path, (name, parameter)) of every module's parameters
     named_params = [*map(_second, held)]
     if wanted:
         param_ids = [*map(id, map(_second, named_params))]

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import types
+from itertools import compress, repeat
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -201,7 +202,15 @@ class Tracer:
         self.patch()
         fsdp2 = sys.modules.get(_FULLY_SHARD)
         fsdp1 = sys.modules.get(_FSDP1)
-        for module in modules:
+        modules = [*modules]
+        if not modules or (fsdp2 is None and fsdp1 is None):
+            return
+        classes = (
+            *([fsdp2.FSDPModule] if fsdp2 else ()),
+            *([fsdp1.FullyShardedDataParallel] if fsdp1 else ()),
+        )
+        # only the FSDP ones are looked at in Python (isinstance over all of them in C)
+        for module in compress(modules, map(isinstance, modules, repeat(classes))):
             if fsdp2 is not None and isinstance(module, fsdp2.FSDPModule):
                 for group in _param_groups(module):
                     for _setter, attr, kind in _FSDP2:

@@ -13,15 +13,15 @@ import itertools
 import types
 import weakref
 from dataclasses import dataclass
-from itertools import compress
-from operator import itemgetter, not_
+from itertools import compress, repeat
+from operator import is_not, itemgetter, not_
 from typing import Any, Callable, Collection, Optional
 
 from .. import ids
 from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
 from ..kinds import GLOBAL, MODULE, SAVED_TENSORS, TENSOR, K
 from . import comm, dicts, hookapis, shims, sites
-from .batched import Batched, _ref, _state
+from .batched import Batched, _ref, _run, _state, named_params
 from .build import Record
 from .tensors import dtype_and_device, weak
 
@@ -36,7 +36,7 @@ _RECORD_DEFAULTS = {
     f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(Record)
 }
 _new = object.__new__
-_first = itemgetter(0)
+_first, _second = itemgetter(0), itemgetter(1)
 _FUNCTION = types.FunctionType
 _OPTIMIZER_KINDS = frozenset(kind for _, kind in dicts.OPTIMIZER_DICTS)
 
@@ -259,12 +259,21 @@ class HookBook(Batched):
     def met_model(self, named: list[tuple[str, Any]]) -> None:
         """The model's modules (path, module): its parameters now, and which of them hooks are on."""
         known = self.model_params
-        for path, module in named:
-            for name, param in (module.__dict__.get("_parameters") or {}).items():
+        held = named_params(named)  # (path, (name, parameter))
+        pairs = [*map(_second, held)]
+        params = [*map(_second, pairs)]
+        real = [*map(is_not, params, repeat(None))]
+        try:
+            refs = [*map(weakref.ref, compress(params, real))]
+        except TypeError:  # a parameter that takes no weak reference: each on its own
+            for path, (name, param) in held:
                 if param is not None and id(param) not in known:
                     ref = weak(param)
                     if ref is not None:
                         known[id(param)] = (ref, path, name)
+        else:  # the first path and name of each parameter
+            where = zip(refs, compress(map(_first, held), real), compress(map(_first, pairs), real))
+            _run(map(known.setdefault, map(id, compress(params, real)), where))
         for record in list(self.records.values()):
             tensor = record.tensor_ref() if record.tensor_ref is not None else None
             if tensor is not None:

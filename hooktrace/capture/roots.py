@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from ..kinds import TENSOR, K
-from . import comm, dicts
+from . import batched, comm, dicts
 
 
 def outermost(calls: Iterable[tuple]) -> list[int]:
@@ -199,11 +199,10 @@ def record_held(
     process kept from earlier sessions, capture/kept.py)."""
     modules: list[Any] = []
     if isinstance(model, torch.nn.Module):
-        module_key = rec.module_key
         named = model_modules(model)
-        for path, module in named:
-            paths[module_key(module)] = path  # known now, so the module's first call does not add it
-            modules.append(module)
+        modules = [m for _, m in named]
+        # known now, so the module's first call does not add it
+        paths.update(zip(batched.module_keys(rec, modules), map(itemgetter(0), named)))
         book.met_model(named)
     for ddp in comm.ddp_modules_in(modules):
         for hook, _state in list(getattr(ddp, "_comm_hooks", ())):
