@@ -251,10 +251,31 @@ class Installed:
 
 
 def _signature_is(fn: Any, names: list[str]) -> bool:
+    return _parameters(fn) == names
+
+
+# id(function) -> (weak reference, its parameters' names): Dynamo's functions are read once per process,
+# not at every session (inspect.signature: about 50 µs each)
+_PARAMETERS: dict[int, tuple[Any, Optional[list[str]]]] = {}
+
+
+def _parameters(fn: Any) -> Optional[list[str]]:
+    # a bound method (a classmethod read from its class) is made anew at each read: known by its
+    # function, whose signature less the first parameter is the bound method's
+    held = fn.__func__ if inspect.ismethod(fn) else fn
+    key = id(held) if held is fn else -id(held)
+    known = _PARAMETERS.get(key)
+    if known is not None and known[0]() is held:
+        return known[1]
     try:
-        return list(inspect.signature(fn).parameters) == names
+        names: Optional[list[str]] = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        return False
+        names = None
+    try:
+        _PARAMETERS[key] = (weakref.ref(held, lambda _r: _PARAMETERS.pop(key, None)), names)
+    except TypeError:  # no weak reference: read each time
+        pass
+    return names
 
 
 # Compiled forward: the hooks Dynamo inlines into a graph, in program order.
