@@ -6,18 +6,35 @@ hooks together, where a Python loop per dict or per hook cost most of a session'
 
 from __future__ import annotations
 
+import dataclasses
+import types
 import weakref
 from collections import deque
 from functools import partial
 from itertools import chain, compress, repeat
-from operator import add, attrgetter, contains, itemgetter, methodcaller, mul, not_
+from operator import add, attrgetter, contains, gt, is_, itemgetter, methodcaller, mul, not_
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from ..kinds import MODULE
-from . import shims, sites
+from ..kinds import MODULE, TENSOR
+from . import hookapis, shims, sites
 from .build import Record
+from .returned import SAME, _same_first
 
 _new = object.__new__
+# every field of a Record in its order, the default where there is one (id, kind and scope are set)
+_RECORD_DEFAULTS = {
+    f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(Record)
+}
+# what a tensor hook's record has that is not its own (its id, kind, name, place, tensor)
+_TENSOR_RECORD = {
+    **_RECORD_DEFAULTS,
+    "scope": TENSOR,
+    "owner": None,
+    "with_kwargs": False,
+    "always_call": False,
+}
+_FUNCTION = types.FunctionType
+_qualname, _code, _closure = attrgetter("__qualname__"), attrgetter("__code__"), attrgetter("__closure__")
 _run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 _parameters_of, _modules_of, _items = (
@@ -26,6 +43,8 @@ _parameters_of, _modules_of, _items = (
     methodcaller("items"),
 )
 _name = attrgetter("__name__")
+# the type's own values(): an OrderedDict's in its order (dict.values would read the hash table's)
+_values = methodcaller("values")
 
 
 def named_params(named: list[tuple[str, Any]]) -> list[tuple[str, tuple[str, Any]]]:
@@ -95,6 +114,88 @@ class Batched:
     _first_dict: dict[int, int]
     _views: dict[tuple[int, int], dict[int, tuple[Any, Any]]]
     _last_views: dict[tuple[int, int], tuple[list, dict, Optional[list[int]]]]
+    tensor_shims: dict[int, tuple[Any, Any, int]]
+    _places: dict[Any, Optional[str]]
+    model_params: dict[int, tuple[Any, str, str]]
+
+    def mark_param(self, record: Record, tensor: Any) -> None:  # HookBook's
+        raise NotImplementedError
+
+    def infer_prepends(self, d: dict) -> None:  # HookBook's
+        raise NotImplementedError
+
+    def wrap_tensor_dicts(self, run: list[tuple[dict, str, Any]]) -> bool:
+        """`wrap_tensor_hook` of each hook of each tensor dict (d, kind, tensor) of the run, then
+        `infer_prepends(d)`, as roots.record_held does dict by dict: all at once, by C-level passes,
+        when every hook is a plain function (no closure, no `__wrapped__`, not a multi-grad hook's)
+        the capture has not met, in dicts met once, of kinds one shim factory serves. Else False,
+        and nothing done."""
+        ds, kinds, tensors = zip(*run)
+        counts = [*map(len, ds)]
+        dict_ids = [*map(id, ds)]
+        try:
+            hids = [*chain.from_iterable(ds)]
+            fns = [*chain.from_iterable(map(_values, ds))]
+            hook_kinds = [*chain.from_iterable(map(repeat, kinds, counts))]
+            arities = {*map(shims.ARITY.get, hook_kinds)}
+            if (
+                len(run) < 2
+                or len(fns) != len(hids)
+                or len({*dict_ids}) != len(ds)
+                or len({*hids}) != len(hids)
+                or len(arities) != 1
+                or not all(map(is_, map(type, fns), repeat(_FUNCTION)))
+                or not all(map(is_, map(_closure, fns), repeat(None)))
+                or any(map(contains, map(vars, fns), repeat("__wrapped__")))
+                or not hookapis.inner_codes().isdisjoint(map(_code, fns))
+                or not self.tensor_shims.keys().isdisjoint(map(id, fns))
+                or not self.fresh_ids(hids)
+            ):
+                return False
+            tensor_refs = [*map(weakref.ref, tensors)]
+            dict_refs = [*map(weakref.ref, ds)]
+        except (TypeError, RuntimeError):  # no weak reference, or a dict changed meanwhile
+            return False
+        codes = [*map(_code, fns)]
+        places = self._places
+        for code, fn in dict(zip(reversed(codes), reversed(fns))).items():  # each code's first hook
+            if code not in places:
+                places[code] = sites.defined_at(fn)
+        made = [*map(_new, repeat(Record, len(hids)))]
+        _run(map(dict.update, map(vars, made), repeat(_TENSOR_RECORD)))
+        for field, values in (("id", hids), ("kind", hook_kinds), ("name", map(_qualname, fns))):
+            _run(map(setattr, made, repeat(field), values))
+        _run(map(setattr, made, repeat("defined_at"), map(places.__getitem__, codes)))
+        dict_of_hook = [*chain.from_iterable(map(repeat, dict_ids, counts))]
+        self._first_dict.update(zip(hids, dict_of_hook))
+        self._ids.update(zip(zip(dict_of_hook, hids), hids))
+        self.counts.update(zip(dict_ids, map(add, map(self.counts.get, dict_ids, repeat(0)), counts)))
+        self.records.update(zip(hids, made))
+        new = [*map(not_, map(self.seen_dicts.__contains__, dict_ids))]
+        self.seen_dicts.update(
+            zip(compress(dict_ids, new), zip(compress(dict_refs, new), repeat(None), repeat(TENSOR)))
+        )
+        _run(map(setattr, made, repeat("tensor_ref"), chain.from_iterable(map(repeat, tensor_refs, counts))))
+        if self.model_params:
+            _run(map(self.mark_param, made, chain.from_iterable(map(repeat, tensors, counts))))
+        factory = self.rec._factories[arities.pop()]
+        same = map(SAME.get, hook_kinds, repeat(_same_first))
+        made_shims = [*map(factory, fns, hids, repeat(None), repeat(False), same, hook_kinds)]
+        _run(map(setattr, made_shims, repeat("__wrapped__"), fns))
+        table = self.tensor_shims
+        keys = [*map(id, made_shims)]
+        # each shim dies with its tensor's dict, and leaves the table then
+        shim_refs = map(weakref.ref, made_shims, map(partial, repeat(table.pop), keys))
+        table.update(zip(keys, zip(shim_refs, chain.from_iterable(map(repeat, dict_refs, counts)), hids)))
+        ds_of_hook = chain.from_iterable(map(repeat, ds, counts))
+        for d, hid, fn, shim, record in zip(ds_of_hook, hids, fns, made_shims, made):
+            if d.get(hid) is fn:
+                d[hid] = shim
+                if record.removed:  # its handle removed it on another thread between the read and the write
+                    d.pop(hid, None)
+        for d in compress(ds, map(gt, counts, repeat(1))):  # one hook stands before no other
+            self.infer_prepends(d)
+        return True
 
     def has_view(self, d: dict, owner: Any) -> bool:
         return (id(d), id(owner)) in self._last_views
@@ -199,7 +300,7 @@ class Batched:
         if None in tids or [*map(len, states)] != [*map(mul, map(len, ds), repeat(2))]:
             return None
         try:  # each dict's keys, then its hooks' ids (`_state`), one dict after another
-            now = [*chain.from_iterable(map(chain, ds, map(map, repeat(id), map(dict.values, ds))))]
+            now = [*chain.from_iterable(map(chain, ds, map(map, repeat(id), map(_values, ds))))]
         except RuntimeError:  # another thread changed a dict meanwhile: each is read on its own
             return None
         return tids if [*chain.from_iterable(states)] == now else None

@@ -130,6 +130,11 @@ def inner_cell(fn: Any) -> Optional[Any]:
     return fn.__closure__[code.co_freevars.index("fn")]
 
 
+def inner_codes() -> frozenset:
+    """The code objects of register_multi_grad_hook's inner tensor hooks (`inner_cell`)."""
+    return _INNER_CODES
+
+
 def is_inner_hook(fn: Any) -> bool:
     return inner_cell(fn) is not None
 

@@ -106,6 +106,8 @@ _hids, _hooks, _state, _view = (
     attrgetter("view"),
 )
 _run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
+# the type's own values(): an OrderedDict's in its order (dict.values would read the hash table's)
+_values = methodcaller("values")
 _proxy, _drop_wrapped = attrgetter("proxy"), methodcaller("pop", "__wrapped__", None)
 
 
@@ -145,11 +147,22 @@ class Kept:
         self.used = []
 
     def prewarm_dicts(self, book: Any, hds: Iterable[Any], tensor: Callable[[dict, str, Any], None]) -> None:
-        """`prewarm` each module or global dict of `hds` (dicts.HookDict) in order, `tensor(hd)` each
-        tensor dict. Consecutive dicts the process kept are taken together (`_reuse_run`)."""
+        """`prewarm` each module or global dict of `hds` (dicts.HookDict) in order, `tensor(d, kind,
+        tensor)` each tensor dict. Consecutive dicts the process kept are taken together
+        (`_reuse_run`), and so are consecutive tensor dicts (HookBook.wrap_tensor_dicts)."""
         run: list[tuple[dict, Any, str, _Entry]] = []  # consecutive dicts with a kept entry
+        tensors: list[tuple[dict, str, Any]] = []  # consecutive tensor dicts
         entries, shapes = _ENTRIES, self.shapes
         for d, kind, owner, scope, _tensor in hds:
+            if scope == TENSOR:
+                if run:
+                    self._reuse_run(book, run)
+                    run = []
+                tensors.append((d, kind, _tensor))
+                continue
+            if tensors:
+                _wrap_run(book, tensors, tensor)
+                tensors = []
             if kind in _KINDS and owner is not None:
                 entry = entries.get((id(d), id(owner), shapes))
                 if entry is not None:
@@ -158,12 +171,11 @@ class Kept:
             if run:
                 self._reuse_run(book, run)
                 run = []
-            if scope == TENSOR:
-                tensor(d, kind, _tensor)
-            else:
-                self.prewarm(book, d, owner, kind)
+            self.prewarm(book, d, owner, kind)
         if run:
             self._reuse_run(book, run)
+        if tensors:
+            _wrap_run(book, tensors, tensor)
 
     def _reuse_run(self, book: Any, run: list[tuple[dict, Any, str, _Entry]]) -> None:
         """`prewarm` each dict of the run, in order; all at once when every one of them holds what it
@@ -189,7 +201,7 @@ class Kept:
         hids = [*chain.from_iterable(map(_hids, entries))]
         if len({*hids}) != len(hids) or not book.fresh_ids(hids):
             return False
-        fns = [*chain.from_iterable(map(dict.values, ds))]
+        fns = [*chain.from_iterable(map(_values, ds))]
         hooks = [*chain.from_iterable(map(_hooks, entries))]
         if not (
             all(map(is_, map(_call, map(_ref, hooks)), fns))  # no id reused by another hook
@@ -293,6 +305,12 @@ class Kept:
         _ENTRIES[key] = entry
         self.used.append(entry)
         book.adopt_view(d, owner, entry.state, entry.view, hids, None)
+
+
+def _wrap_run(book: Any, run: list[tuple[dict, str, Any]], tensor: Callable[[dict, str, Any], None]) -> None:
+    if not book.wrap_tensor_dicts(run):  # each on its own
+        for d, kind, t in run:
+            tensor(d, kind, t)
 
 
 def kept_count() -> int:

@@ -8,7 +8,6 @@ same position), from registration to the end of the block.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import types
 import weakref
@@ -21,7 +20,7 @@ from .. import ids
 from ..ids import SYNTHETIC_BASE  # noqa: F401 - where tests and callers import it from
 from ..kinds import GLOBAL, MODULE, SAVED_TENSORS, TENSOR, K
 from . import comm, dicts, hookapis, shims, sites
-from .batched import Batched, _ref, _run, _state, named_params
+from .batched import _RECORD_DEFAULTS, Batched, _ref, _run, _state, named_params
 from .build import Record
 from .tensors import dtype_and_device, weak
 
@@ -31,10 +30,6 @@ from .tensors import dtype_and_device, weak
 # wrappers per (module, callable), DDP communication hooks per registration) get ids.synthetic_ids()
 # from SYNTHETIC_BASE. The two never collide with each other or with handle ids (hooktrace/ids.py).
 _STATE_KINDS = frozenset(kind for _, kind in dicts.STATE_DICTS)
-# every field of a Record in its order, the default where there is one (id, kind and scope are set)
-_RECORD_DEFAULTS = {
-    f.name: None if f.default is dataclasses.MISSING else f.default for f in dataclasses.fields(Record)
-}
 _new = object.__new__
 _first, _second = itemgetter(0), itemgetter(1)
 _FUNCTION = types.FunctionType
