@@ -57,6 +57,7 @@ def test_tensor_hooks_held_before_the_block_are_traced_in_the_order_they_run(
 ) -> None:
     if not together:
         monkeypatch.setattr(HookBook, "wrap_tensor_dicts", lambda self, run: False)
+        monkeypatch.setattr(HookBook, "unwrap_all", lambda self, ds: None)
     log = LOG
     model, x = _model(log)
     held = [
@@ -88,6 +89,7 @@ def test_taken_together_or_one_by_one_the_trace_is_the_same(monkeypatch: Any) ->
     for together in (True, False):
         if not together:
             monkeypatch.setattr(HookBook, "wrap_tensor_dicts", lambda self, run: False)
+            monkeypatch.setattr(HookBook, "unwrap_all", lambda self, ds: None)
         model, x = _model(LOG)
         with hooktrace.trace(model) as session:
             model(x).sum().backward()

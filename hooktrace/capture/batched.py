@@ -35,6 +35,8 @@ _TENSOR_RECORD = {
 }
 _FUNCTION = types.FunctionType
 _qualname, _code, _closure = attrgetter("__qualname__"), attrgetter("__code__"), attrgetter("__closure__")
+_wrapped, _removed, _tensor_ref = attrgetter("__wrapped__"), attrgetter("removed"), attrgetter("tensor_ref")
+_call = methodcaller("__call__")
 _run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 _parameters_of, _modules_of, _items = (
@@ -123,6 +125,44 @@ class Batched:
 
     def infer_prepends(self, d: dict) -> None:  # HookBook's
         raise NotImplementedError
+
+    def unwrap_all(self, ds: Sequence[dict]) -> Optional[list[int]]:
+        """`unwrap` each tensor dict, in order, and give the trace ids of their hooks (as `_settle`
+        records them after it), when every hook in them is a live shim of this capture standing for
+        a hook it has a record of with its tensor, none removed, none a multi-grad hook's: C-level
+        checks, then the writes. Else None, and nothing done."""
+        try:
+            hids = [*chain.from_iterable(ds)]
+            values = [*chain.from_iterable(map(_values, ds))]
+        except RuntimeError:  # another thread changed a dict meanwhile
+            return None
+        entries: list[Any] = [*map(self.tensor_shims.get, map(id, values))]
+        if len(values) != len(hids) or None in entries:
+            return None
+        if not all(map(is_, map(_call, map(_first, entries)), values)):
+            return None
+        fns = [*map(_wrapped, values)]
+        functions = compress(fns, map(is_, map(type, fns), repeat(_FUNCTION)))
+        counts = [*map(len, ds)]
+        tids: list[Any] = [
+            *map(self._ids.get, zip(chain.from_iterable(map(repeat, map(id, ds), counts)), hids))
+        ]
+        records = [*map(self.records.get, map(_third, entries))]
+        if (
+            not hookapis.inner_codes().isdisjoint(map(_code, functions))
+            or None in tids
+            or any(map(is_, records, repeat(None)))  # (`in` would run a record's __eq__)
+            or any(map(_removed, records))
+            or any(map(is_, map(self.records.get, tids), repeat(None)))
+            or any(map(is_, map(_tensor_ref, map(self.records.__getitem__, tids)), repeat(None)))
+        ):
+            return None
+        for d, hid, value, fn in zip(chain.from_iterable(map(repeat, ds, counts)), hids, values, fns):
+            if d.get(hid) is value:
+                d[hid] = fn
+        for d in compress(ds, map(gt, counts, repeat(1))):  # one hook stands before no other
+            self.infer_prepends(d)
+        return tids
 
     def wrap_tensor_dicts(self, run: list[tuple[dict, str, Any]]) -> bool:
         """`wrap_tensor_hook` of each hook of each tensor dict (d, kind, tensor) of the run, then

@@ -74,9 +74,12 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
     final = Final()
     # `named` is the model's modules (roots.model_modules) or, with no model, the roots' (the same
     # dicts `dicts.hook_dicts(model)` reads; a model that is no module has only the global ones)
-    run: list[dicts.HookDict] = []  # consecutive module dicts
+    run: list[dicts.HookDict] = []  # consecutive module dicts, or consecutive tensor dicts
     for hd in dicts.hook_dicts_in([m for _, m in named]):
-        if hd.scope == MODULE:
+        if hd.scope == MODULE or hd.scope == TENSOR:
+            if run and run[-1].scope != hd.scope:
+                _settle_run(book, run, final)
+                run = []
             run.append(hd)
             continue
         if run:
@@ -136,11 +139,25 @@ def walk(book: HookBook, rec: shims.Recorder, model: Any, named: list[tuple[str,
 
 
 def _settle_run(book: HookBook, run: list[dicts.HookDict], final: Final) -> None:
-    """`_settle` each module dict of the run, in order; all at once when each holds what its last
-    view saw (the usual end: C-level passes over the dicts, no Python code per dict)."""
-    ds, _kinds, owners, _scopes, _tensors = zip(*run)
+    """`_settle` each dict of the run (module dicts or tensor dicts), in order; all at once when each
+    module dict holds what its last view saw, or each tensor dict only this capture's shims of hooks
+    it knows (the usual end: C-level passes over the dicts, no Python code per dict)."""
+    ds, _kinds, owners, scopes, _tensors = zip(*run)
     dict_ids = [*map(id, ds)]
-    if len(run) > 1 and len({*dict_ids}) == len(run) and final.seen.isdisjoint(dict_ids):
+    if (
+        len(run) > 1
+        and len({*dict_ids}) == len(run)
+        and final.seen.isdisjoint(dict_ids)
+        and scopes[0] == TENSOR
+    ):
+        tids = book.unwrap_all(ds)  # each dict's hooks back in place, their records as they are
+        if tids is not None:
+            final.seen.update(dict_ids)
+            final.order += tids
+            # each of those hooks has its trace id: one that holds as many as the capture saw lost none
+            final.unchanged.update(compress(dict_ids, map(eq, map(len, ds), map(book.counts.get, dict_ids))))
+            return
+    elif len(run) > 1 and len({*dict_ids}) == len(run) and final.seen.isdisjoint(dict_ids):
         known = book.all_unchanged_ids(ds, owners)
         if known is not None:
             final.seen.update(dict_ids)
