@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from itertools import compress
+from itertools import chain, compress
 from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
@@ -71,6 +71,7 @@ def global_dicts() -> Iterator[HookDict]:
 _MODULE_ATTRS = tuple(attr for attr, _ in MODULE_DICTS)
 _module_dicts_of = operator.itemgetter(*_MODULE_ATTRS)
 _tensor_dicts_of = operator.attrgetter(*(attr for attr, _ in TENSOR_DICTS))
+_parameters_of, _values = operator.methodcaller("get", "_parameters"), operator.methodcaller("values")
 
 
 def module_dicts(module: Any) -> Iterator[HookDict]:
@@ -83,10 +84,11 @@ def module_dicts(module: Any) -> Iterator[HookDict]:
 
 
 def tensor_dicts(tensor: Any) -> Iterator[HookDict]:
+    new = tuple.__new__  # HookDict's fields in order, without NamedTuple's Python-level __new__
     for attr, kind in TENSOR_DICTS:
         d = getattr(tensor, attr, None)
         if d:
-            yield HookDict(d, kind, None, TENSOR, tensor)
+            yield new(HookDict, (d, kind, None, TENSOR, tensor))
 
 
 def hook_dicts(model: Any) -> Iterator[HookDict]:
@@ -98,36 +100,45 @@ def hook_dicts(model: Any) -> Iterator[HookDict]:
 def hook_dicts_in(modules: list[Any]) -> Iterator[HookDict]:
     """`hook_dicts` of these modules (in this order): the global dicts, the modules', their parameters'.
 
-    A session reads every module's at its start and its end, and most hold nothing: each module's
-    dicts are read by one C-level call (`itemgetter`), and so are each parameter's; of a module that
-    holds hooks, only the dicts that hold some are looked at in Python.
+    A session reads every module's at its start and its end, and most hold nothing: the modules'
+    dicts are read by C-level passes (`itemgetter` over each module's `__dict__`), and so are their
+    parameters'; Python looks only at the dicts that hold hooks.
     """
     yield from global_dicts()
+    new = tuple.__new__
+    module_dicts = [*map(vars, modules)]
+    found_all = _read_all(module_dicts)
+    for module, found in compress(zip(modules, found_all), map(any, found_all)):
+        for attr, d in compress(zip(_MODULE_ATTRS, found), found):
+            kind = KIND_OF_ATTR[attr]
+            if kind == K.backward:
+                kind = backward_kind(module)
+            yield new(HookDict, (d, kind, module, MODULE, None))
     params: dict[int, Any] = {}
-    read, read_tensor, new = _module_dicts_of, _tensor_dicts_of, tuple.__new__
-    for module in modules:
-        md = module.__dict__
-        try:
-            found = read(md)
-        except KeyError:  # a module whose __init__ did not make every dict
-            found = tuple(md.get(attr) for attr in _MODULE_ATTRS)
-        if any(found):
-            for attr, d in compress(zip(_MODULE_ATTRS, found), found):
-                kind = KIND_OF_ATTR[attr]
-                if kind == K.backward:
-                    kind = backward_kind(module)
-                yield new(HookDict, (d, kind, module, MODULE, None))
-        held = md.get("_parameters")
-        if held:
-            for param in held.values():
-                try:
-                    hooked = param is not None and any(read_tensor(param))
-                except AttributeError:  # not a tensor (a `_parameters` dict written by hand)
-                    hooked = True
-                if hooked:
-                    params.setdefault(id(param), param)
+    held = [*chain.from_iterable(map(_values, filter(None, map(_parameters_of, module_dicts))))]
+    try:  # a parameter None (a Linear without bias) or not a tensor: each on its own
+        hooked = [*compress(held, map(any, map(_tensor_dicts_of, held)))]
+    except AttributeError:
+        hooked = [param for param in held if _hooked(param)]
+    for param in hooked:
+        params.setdefault(id(param), param)
     for param in params.values():
         yield from tensor_dicts(param)
+
+
+def _read_all(module_dicts: list[Any]) -> list[tuple]:
+    """Each module's hook dicts, in `_MODULE_ATTRS` order (None where its __init__ made none)."""
+    try:
+        return [*map(_module_dicts_of, module_dicts)]
+    except KeyError:  # a module whose __init__ did not make every dict
+        return [tuple(md.get(attr) for attr in _MODULE_ATTRS) for md in module_dicts]
+
+
+def _hooked(param: Any) -> bool:
+    try:
+        return param is not None and any(_tensor_dicts_of(param))
+    except AttributeError:  # not a tensor (a `_parameters` dict written by hand)
+        return True
 
 
 def live_hook_ids(model: Any) -> set[int]:
