@@ -283,8 +283,13 @@ class Batched:
         keys = [*zip(map(id, ds), map(id, owners))]
         _run(map(self._views.pop, keys, repeat(None)))
         self._last_views.update(zip(keys, zip(states, views, hid_lists)))
-        whos = [*map(self.rec.who, owners)]
-        _run(map(self._path_of, owners))
+        owner_keys: list[Any] = [*map(self.rec.ids.get, map(id, owners))]  # `rec.key` of each, all keyed
+        whos = (
+            [*zip(owner_keys, map(_name, map(type, owners)))]
+            if None not in owner_keys
+            else [*map(self.rec.who, owners)]
+        )
+        _run(map(self._path_of, dict(zip(map(id, owners), owners)).values()))  # each module once
         dkeys = [*map(id, ds)]
         counts = [*map(len, hid_lists)]
         hids = [*chain.from_iterable(hid_lists)]
