@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py and capture_rows.py beside it
 
+from bytecodes import bench_bytecodes  # noqa: E402
 from capture_rows import (  # noqa: E402
     _memory_child,
     bench_hook_heavy,
@@ -468,6 +469,7 @@ BENCHES: dict[str, Callable[..., list[Row]]] = {
     "exec_in_process": bench_exec_in_process,
     "shapes": bench_shapes,
     "peers": bench_peers,
+    "bytecodes": bench_bytecodes,
     "empty": bench_empty,
     "long": bench_long,
     "long_memory": bench_long_memory,
@@ -486,6 +488,7 @@ GROUPS = {
     "exec_in_process": ("exec_untraced_in_process",),
     "shapes": ("shapes_shim", "hook_heavy_shapes", "transformer_shapes"),
     "peers": ("hook_heavy_peers", "transformer_peers"),
+    "bytecodes": ("hook_heavy_bytecodes", "transformer_bytecodes"),
     "empty": ("empty_session_10", "empty_session_1000"),
     "long": ("hook_heavy_long_window",),
     "long_memory": ("memory_per_event_long",),

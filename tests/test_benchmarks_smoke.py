@@ -39,6 +39,8 @@ ROWS = {
     "transformer_shapes",
     "hook_heavy_peers",
     "transformer_peers",
+    "hook_heavy_bytecodes",
+    "transformer_bytecodes",
     "empty_session_10",
     "empty_session_1000",
     "hook_heavy_long_window",
