@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from itertools import compress, repeat
 from typing import Any, Callable, Iterable, Optional
 
@@ -275,7 +276,7 @@ class Tracer:
     def _foreach(self, original: Callable[..., Any], comm_name: str) -> Callable[..., Any]:
         """FSDP2's `foreach_all_gather` / `foreach_reduce`, with the custom comm named `comm_name` (and
         `all_reduce_hook`, where it is an argument) passed on as recording stand-ins."""
-        signature = inspect.signature(original)
+        signature = _signature(original)
         kind = K.fsdp_all_gather if comm_name == "all_gather_comm" else K.fsdp_reduce_scatter
 
         @functools.wraps(original)
@@ -346,3 +347,21 @@ def install(
     ledger.on_restore(lambda: setattr(book, "fsdp", None))
     tracer.install(ledger)
     ledger.on_restore(tracer.end)
+
+
+# id(function) -> (weak reference, its signature): FSDP's functions are read once per process, not at
+# every session (inspect.signature: about 50 us each)
+_SIGNATURES: dict[int, tuple[Any, inspect.Signature]] = {}
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    known = _SIGNATURES.get(id(fn))
+    if known is not None and known[0]() is fn:
+        return known[1]
+    signature = inspect.signature(fn)
+    try:
+        key = id(fn)
+        _SIGNATURES[key] = (weakref.ref(fn, lambda _r: _SIGNATURES.pop(key, None)), signature)
+    except TypeError:  # no weak reference: read each time
+        pass
+    return signature
