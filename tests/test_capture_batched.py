@@ -102,3 +102,22 @@ def test_taken_together_or_one_by_one_the_trace_is_the_same(monkeypatch: Any) ->
             )
         )
     assert facts[0] == facts[1]
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_hooks_held_on_parameters_a_move_replaced_are_said_never_fired_by_their_name(
+    together: bool, monkeypatch: Any
+) -> None:
+    """Tensor hooks on two parameters before the block, the model moved to meta inside it: each hook
+    stays on its old tensor and never fires, named after the parameter the move replaced."""
+    if not together:
+        monkeypatch.setattr(HookBook, "wrap_tensor_dicts", lambda self, run: False)
+    model, x = _model(LOG)
+    with hooktrace.trace(model) as session:
+        model.to("meta")
+        model(x.to("meta")).sum().backward()
+    assert LOG == []
+    [never] = [s for s in session.trace.surprises if s.rule == "never-fired"]
+    for name in ("0.weight", "2.weight", "2.bias", "3.weight", "3.bias"):
+        assert name in never.message
+    assert "replaced the parameter by a new tensor" in never.message

@@ -15,6 +15,8 @@ from itertools import chain, compress, repeat
 from operator import add, attrgetter, contains, gt, is_, itemgetter, methodcaller, mul, not_
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+import torch
+
 from ..kinds import MODULE, TENSOR
 from . import hookapis, shims, sites
 from .build import Record
@@ -37,6 +39,7 @@ _FUNCTION = types.FunctionType
 _qualname, _code, _closure = attrgetter("__qualname__"), attrgetter("__code__"), attrgetter("__closure__")
 _wrapped, _removed, _tensor_ref = attrgetter("__wrapped__"), attrgetter("removed"), attrgetter("tensor_ref")
 _call = methodcaller("__call__")
+_dtype_and_device = attrgetter("dtype", "device")
 _run: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 _parameters_of, _modules_of, _items = (
@@ -119,6 +122,7 @@ class Batched:
     tensor_shims: dict[int, tuple[Any, Any, int]]
     _places: dict[Any, Optional[str]]
     model_params: dict[int, tuple[Any, str, str]]
+    param_records: list[Record]
 
     def mark_param(self, record: Record, tensor: Any) -> None:  # HookBook's
         raise NotImplementedError
@@ -163,6 +167,23 @@ class Batched:
         for d in compress(ds, map(gt, counts, repeat(1))):  # one hook stands before no other
             self.infer_prepends(d)
         return tids
+
+    def _mark_params(self, records: list[Record], tensors: list[Any]) -> None:
+        """`mark_param(record, tensor)` of each new record: by C-level passes when every tensor is one
+        of the model's parameters, a plain tensor (no `__torch_function__`: its dtype and device are
+        read without user code, as `dtype_and_device` reads them)."""
+        known: list[Any] = [*map(self.model_params.get, map(id, tensors))]
+        if (
+            None in known
+            or not all(map(is_, map(_call, map(_first, known)), tensors))
+            or not all(map(isinstance, tensors, repeat(torch.Tensor)))
+            or any(map(torch.overrides.has_torch_function, zip(tensors)))
+        ):
+            _run(map(self.mark_param, records, tensors))
+            return
+        placed = map(_dtype_and_device, tensors)
+        _run(map(setattr, records, repeat("param_of"), zip(map(_second, known), map(_third, known), placed)))
+        self.param_records += records
 
     def wrap_tensor_dicts(self, run: list[tuple[dict, str, Any]]) -> bool:
         """`wrap_tensor_hook` of each hook of each tensor dict (d, kind, tensor) of the run, then
@@ -217,7 +238,7 @@ class Batched:
         )
         _run(map(setattr, made, repeat("tensor_ref"), chain.from_iterable(map(repeat, tensor_refs, counts))))
         if self.model_params:
-            _run(map(self.mark_param, made, chain.from_iterable(map(repeat, tensors, counts))))
+            self._mark_params(made, [*chain.from_iterable(map(repeat, tensors, counts))])
         factory = self.rec._factories[arities.pop()]
         same = map(SAME.get, hook_kinds, repeat(_same_first))
         made_shims = [*map(factory, fns, hids, repeat(None), repeat(False), same, hook_kinds)]
