@@ -121,3 +121,40 @@ def test_hooks_held_on_parameters_a_move_replaced_are_said_never_fired_by_their_
     for name in ("0.weight", "2.weight", "2.bias", "3.weight", "3.bias"):
         assert name in never.message
     assert "replaced the parameter by a new tensor" in never.message
+
+
+class _OwnWalk(nn.Linear):
+    def named_modules(self, *args: Any, **kwargs: Any) -> Any:  # a class that walks its modules its own way
+        return super().named_modules(*args, **kwargs)
+
+
+def _structures() -> list[nn.Module]:
+    shared = nn.Linear(2, 2)
+    flat = nn.Sequential(*[nn.Linear(2, 2) for _ in range(5)])
+    twice = nn.Sequential(shared, nn.ReLU(), shared)  # the same leaf twice among siblings
+    earlier = nn.Sequential(
+        nn.Sequential(shared), nn.Sequential(nn.ReLU(), shared)
+    )  # met in an earlier subtree
+    holes = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    holes.register_module("gap", None)  # a None child is skipped
+    own = nn.Sequential(nn.Linear(2, 2), _OwnWalk(2, 2))
+    mixed = nn.ModuleDict({"a": nn.Sequential(nn.ReLU(), nn.Tanh()), "b": nn.Linear(2, 2), "c": flat})
+    return [
+        flat,
+        twice,
+        earlier,
+        holes,
+        own,
+        mixed,
+        nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 2, enable_nested_tensor=False),
+    ]
+
+
+@pytest.mark.parametrize("model", _structures())
+def test_the_model_walk_gives_named_modules_pairs(model: nn.Module) -> None:
+    """roots.module_list, which takes a module's leaf children together, against PyTorch's own walk."""
+    from hooktrace.capture.roots import module_list
+
+    ours, torchs = module_list(model), list(model.named_modules())
+    assert [p for p, _ in ours] == [p for p, _ in torchs]
+    assert all(a is b for (_, a), (_, b) in zip(ours, torchs))

@@ -10,7 +10,8 @@ label: its class name, `Name#2` for the second root of the same class.
 from __future__ import annotations
 
 import weakref
-from operator import itemgetter
+from itertools import repeat
+from operator import add, attrgetter, is_, itemgetter
 from typing import Any, Callable, Iterable
 
 import torch
@@ -161,10 +162,15 @@ def model_modules(model: Any) -> list[tuple[str, Any]]:
     return [("", model), *module_list(inner)]
 
 
+_children_of = attrgetter("_modules")
+
+
 def module_list(model: Any) -> list[tuple[str, Any]]:
     """`list(model.named_modules())`, the same pairs in the same order, walked without a generator per
     module (a session walks the model at its start and its end: 0.7 ms for 1000 modules by
-    named_modules, 0.2 ms so). A class of its own `named_modules` gets the model walked by it."""
+    named_modules, 0.2 ms so). A class of its own `named_modules` gets the model walked by it. A
+    module whose children are all leaves, none met before, has them appended at once, by C-level
+    passes (a Sequential of 1000 layers: no Python code per layer)."""
     base = torch.nn.Module.named_modules
     found: list[tuple[str, Any]] = []
     memo: set[Any] = set()
@@ -180,6 +186,23 @@ def module_list(model: Any) -> list[tuple[str, Any]]:
         children = module._modules
         if children:
             dot = prefix + "." if prefix else ""
+            names, kids = zip(*children.items())
+            if (  # leaves (a Sequential of layers): taken in their order at once, as the walk would
+                not any(map(is_, kids, repeat(None)))
+                and all(
+                    map(
+                        is_,
+                        map(getattr, map(type, kids), repeat("named_modules"), repeat(None)),
+                        repeat(base),
+                    )
+                )
+                and not any(map(_children_of, kids))
+                and memo.isdisjoint(kids)
+                and len(set(kids)) == len(kids)
+            ):
+                memo.update(kids)
+                found += zip(map(add, repeat(dot), names), kids)
+                continue
             stack.extend(
                 (dot + name, child) for name, child in reversed(children.items()) if child is not None
             )
