@@ -302,26 +302,45 @@ def test_a_graph_compiled_before_tracing_began_is_said_to_be(no_global_hooks: No
     assert "before tracing began" not in note.message and "hold none of these hooks" in note.message
 
 
-def _compile_in_block_then_after(traced: bool) -> tuple[dict, dict]:
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def _compile_in_block_then_after(traced: bool, how: str, backend: str) -> tuple[dict, dict]:
+    """Dynamo's counters over three steps: in a block, after it, in a second block (or untraced)."""
     dynamo.reset()
     counters.clear()
-    m = _model()
-    m[0].register_forward_hook(lambda module, args, out: out * 2)
-    compiled = torch.compile(m, backend="eager")
-    x = torch.randn(3, 4)
-    with hooktrace.trace(compiled) if traced else contextlib.nullcontext():
-        compiled(x)
-    compiled(x)  # after the block
+    torch.manual_seed(0)
+    m = _Net()
+    m.a.register_forward_hook(lambda module, args, out: out * 2)
+    m.register_forward_pre_hook(lambda module, args: None)
+    if how == "method":
+        m.compile(backend=backend)
+        compiled: Any = m
+    else:
+        compiled = torch.compile(m, backend=backend)
+    x = torch.randn(3, 4, requires_grad=True)
+    for step in range(3):
+        with hooktrace.trace(compiled) if traced and step != 1 else contextlib.nullcontext():
+            compiled(x).sum().backward()
     return dict(counters["stats"]), dict(counters["frames"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed (issue 32): a graph Dynamo compiles inside the block went through hooktrace's "
-    "nn.Module.__call__ wrapper (not PyTorch's unpatched __call__, which Dynamo short-cuts) and is "
-    "guarded on that wrapper's closure (ClosureGuardAccessor on type(fn).__mro__[1].__dict__['__call__']"
-    ".__closure__): after the block Dynamo recompiles (2 graphs where untraced has 1)",
-)
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_graph_compiled_in_the_block_is_reused_after_it(no_global_hooks: None) -> None:
-    assert _compile_in_block_then_after(traced=True) == _compile_in_block_then_after(traced=False)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("how", ["torch.compile(m)", "method"])
+def test_a_graph_compiled_in_the_block_is_reused_after_it(
+    no_global_hooks: None, how: str, backend: str
+) -> None:
+    """The module-call wrapper hands Dynamo PyTorch's `__call__` from a global, not its closure:
+    Dynamo guarded on the closure, reached through `nn.Module.__call__`, and compiled the graph again
+    once the block had put PyTorch's own back (2 graphs where untraced has 1, 3 frames for 2)."""
+    traced = _compile_in_block_then_after(True, how, backend)
+    assert traced == _compile_in_block_then_after(False, how, backend)
+    assert traced[0]["unique_graphs"] == 1

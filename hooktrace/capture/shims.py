@@ -356,6 +356,14 @@ def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
     return local["hook_id"], args, module
 
 
+# What the module-call wrapper hands Dynamo while it compiles: `nn.Module.__call__` as the wrapper
+# found it, read from this module's globals, not from the wrapper's closure. Dynamo guards on what
+# an inlined function reads; a closure cell is reached through `nn.Module.__call__` itself, so the
+# guard failed once the block put PyTorch's own back, and a graph compiled inside the block was
+# compiled again after it (2 graphs where untraced has 1). A global of this module stays.
+_FOR_DYNAMO: dict[str, Callable[..., Any]] = {}
+
+
 def make_module_call(
     rec: Recorder,
     original_call: Callable[..., Any],
@@ -389,7 +397,8 @@ def make_module_call(
     ident = threading.get_ident
     main = rec.main_thread
     graph_task = _graph_task_id
-    compiling = _is_compiling
+    if _FOR_DYNAMO.get("call") is not original_call:  # PyTorch's, at every session but the first
+        _FOR_DYNAMO["call"] = original_call
     tensor_class = torch.Tensor
     type_of = type
     module_class = torch.nn.Module
@@ -398,8 +407,8 @@ def make_module_call(
     known_paths = paths if paths is not None else {}
 
     def hooktrace_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if compiling():
-            return original_call(self, *args, **kwargs)
+        if _is_compiling():  # globals: see _FOR_DYNAMO
+            return _FOR_DYNAMO["call"](self, *args, **kwargs)
         if not live:  # kept past its capture (a class's own `__call__`): whatever nn.Module has now
             return module_class.__call__(self, *args, **kwargs)
         seq = next(counter)
