@@ -114,6 +114,7 @@ def test_fsdp2_all_reduce_hooks_are_their_own_kind_in_the_order_they_ran(gloo_on
     )
 
 
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`:UserWarning")  # one rank
 def test_fsdp1_comm_hook_fires_once_per_fsdp_unit_on_its_module(gloo_one_rank: None) -> None:
     def run(traced: bool, registered_inside: bool) -> tuple[list[str], Any, list[Any], Any]:
         torch.manual_seed(0)

@@ -356,11 +356,8 @@ def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
     return local["hook_id"], args, module
 
 
-# What the module-call wrapper hands Dynamo while it compiles: `nn.Module.__call__` as the wrapper
-# found it, read from this module's globals, not from the wrapper's closure. Dynamo guards on what
-# an inlined function reads; a closure cell is reached through `nn.Module.__call__` itself, so the
-# guard failed once the block put PyTorch's own back, and a graph compiled inside the block was
-# compiled again after it (2 graphs where untraced has 1). A global of this module stays.
+# `nn.Module.__call__` as the wrapper found it, handed to Dynamo from a global: a guard on a closure
+# cell of the wrapper fails once the block ends, and the graph was compiled again (docs/capture.md)
 _FOR_DYNAMO: dict[str, Callable[..., Any]] = {}
 
 
