@@ -243,6 +243,30 @@ def test_exec_compare_eager_traces_each_window_s_steps(tmp_path: Path) -> None:
     assert compared.comparison is not None and compared.comparison.diff.equal
 
 
+def test_compiled_before_fires_when_the_graph_was_compiled_before_the_window(tmp_path: Path) -> None:
+    """exec --start 1: step 0 ran compiled, untraced, so its graph (which holds the hook) is reused in
+    the compiled run and no graph is compiled under either capture: the hook has no event there, and
+    the report says why it cannot tell inlined from stale. At --start 0 (the nearest case) the graph
+    is compiled in the compiled run and the rule is `inlined`, not this one."""
+    from hooktrace.runs.compare import CompareWindow
+    from hooktrace.runs.script import ExecOptions, Script, run_script
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_TRAIN))
+    found = {}
+    for start in (1, 0):
+        dynamo.reset()
+        result = run_script(
+            Script(path=str(script)),
+            ExecOptions(steps=2, start=start),
+            lambda r: None,
+            window_type=CompareWindow,
+        )
+        assert result.compared is not None and result.compared.comparison is not None
+        found[start] = [r.rule for r in result.compared.comparison.reasons]
+    assert found == {1: ["compiled_before"], 0: ["inlined"]}
+
+
 def test_exec_compare_eager_reports_to_the_process_s_stdout(tmp_path: Path) -> None:
     """A script that leaves sys.stdout a buffer of its own as it ends: the report still reaches the
     process's standard output (as exec's tree does)."""

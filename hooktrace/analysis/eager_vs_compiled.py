@@ -27,7 +27,15 @@ Graphs = Mapping[Optional[str], Sequence[Sequence[int]]]
 GRAPH_MODULE = "(torch.compile) GraphModule"  # how the capture names AOTAutograd's compiled forward
 
 # the rules, in the order the report gives them (README, "Eager vs compiled")
-RULES = ("stale_graph", "inlined_no_ops", "inlined", "wrapper_calls", "replayed_after_graph", "recompiles")
+RULES = (
+    "stale_graph",
+    "compiled_before",
+    "inlined_no_ops",
+    "inlined",
+    "wrapper_calls",
+    "replayed_after_graph",
+    "recompiles",
+)
 ISSUES = {
     "stale_graph": "pytorch/pytorch#117758, #117265",
     "inlined_no_ops": "pytorch/pytorch#173452",
@@ -180,7 +188,7 @@ def _missing(
             )
             continue
         hook = held.get(key)
-        if hook is None or hook.registered_during_run or compiled.graphs is None or eager.graphs is None:
+        if hook is None or hook.registered_during_run or compiled.graphs is None:
             continue
         paths = [p for p in compiled.compiled_paths if key.scope == GLOBAL or _under(key.module, p)]
         seen = [
@@ -190,7 +198,21 @@ def _missing(
             if p in paths
             for ids in graphs
         ]
-        if not paths or not seen or key in in_a:
+        if paths and not seen and key not in in_a:
+            where = ", ".join(sorted(_place(p) for p in paths))
+            out.append(
+                Reason(
+                    "compiled_before",
+                    f"{label} ran as Python in the eager run ({n}) and never in the compiled one: {where} ran "
+                    "compiled with graphs Dynamo compiled before this run's capture opened (an untraced step "
+                    "before the window, e.g. exec --start 1), and no graph was compiled in either run: "
+                    "whether the hook runs inside such a graph (inlined) or not at all (a stale graph) is not "
+                    "seen from here; compare from the first compiled call (exec --start 0)",
+                    (label,),
+                )
+            )
+            continue
+        if not paths or not seen or key in in_a or eager.graphs is None:
             continue
         where = ", ".join(sorted(_place(p) for p in {p for p, _ in seen}))
         out.append(
