@@ -3,8 +3,8 @@ always_call, legacy, tensor, post-accumulate, node, multi-grad, end-of-backward,
 checkpoint recompute, registration, state-dict, optimizer and its state-dict hooks), two steps.
 
 The traced order is what the hooks themselves recorded, and its order file is torch 2.13.0's (the
-golden file, made there) on every torch this suite runs on: README "Torch versions" ran it on 2.8
-to 2.14. A torch whose PyTorch fires these hooks in another order is named in VERSIONED with the
+golden file, made there) on every torch this suite runs on: README "Torch versions" says which
+were run. A torch whose PyTorch fires these hooks in another order is named in VERSIONED with the
 fact that makes it differ, and the order file is then compared with what that fact predicts.
 """
 
@@ -23,7 +23,7 @@ from .test_samples import at_root, run_sample  # noqa: F401 - the fixture: paths
 SAMPLE = "samples/mixed_hooks.py"
 # (major, minor) -> (what PyTorch does differently there, the change that turns that torch's order
 # file into 2.13.0's).
-# None so far: 2.8.0, 2.9.1, 2.10.0, 2.11.0, 2.12.1 and 2.14.1 gave 2.13.0's order file byte for byte.
+# None so far: 2.8.0 and 2.14.1 gave 2.13.0's order file byte for byte (README "Torch versions").
 VERSIONED: dict[tuple[int, int], tuple[str, Callable[[str], str]]] = {}
 # every kind the sample registers, each expected to fire in both steps
 KINDS = {

@@ -295,7 +295,7 @@ Graph = tuple[int, tuple[int, ...]]
 # inlined hooks are kept as (trace id, hook object, weak reference to the module or None): the hook
 # object is held while its id is, so the id names no other object meanwhile
 _INLINED = "_hooktrace_inlined_hooks"
-# torch 2.8: (parent, func, args, kwargs); 2.13 and 2.15 add allow_nested_graph_breaks (passed through)
+# torch 2.8: (parent, func, args, kwargs); 2.13, 2.14 and 2.15 add allow_nested_graph_breaks (passed through)
 _INLINE_PARAMS = ["parent", "func", "args", "kwargs", "allow_nested_graph_breaks"]
 _INLINE_PARAMS_OLD = _INLINE_PARAMS[:4]
 _COMPILER_PARAMS = ["self", "gm", "example_inputs"]
