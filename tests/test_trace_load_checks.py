@@ -230,12 +230,15 @@ def test_a_large_loaded_trace_goes_straight_to_the_oldest_gc_generation(tmp_path
 def test_objects_the_process_froze_stay_frozen(tmp_path):
     big = tmp_path / "big.json"
     realistic(60_000).save(big)
+    kept = [object()]  # frozen by the process; load must not unfreeze it
     gc.collect()
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
+        # The count is not compared: a frozen object that dies meanwhile (pytest's, xdist's)
+        # lowers it. What load must not do is move the frozen objects back into generation 2.
+        assert _generation(kept) is None
         loaded = load(big)
-        assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() > 0 and _generation(kept) is None
         assert _generation(loaded.events[0]) in (0, 1)
     finally:
         gc.unfreeze()
