@@ -132,6 +132,7 @@ def _owners() -> list[Any]:
         owners.append(compiled_autograd.AutogradCompilerInstance)
         # the hooks Dynamo inlines into a forward graph (capture/compiled.py, Forward)
         owners += [symbolic_convert.InliningInstructionTranslator, output_graph.OutputGraph]
+        owners.append(sys.modules["torch._dynamo.variables.nn_module"])  # its unpatched_nn_module_call
     return owners
 
 

@@ -85,6 +85,14 @@ def test_wrapper_calls_fire_for_the_optimized_module() -> None:  # #149502
     assert compare_cases.RECORD.count("global_hook OptimizedModule") == 4  # 2 eager + 2 compiled
 
 
+@pytest.mark.xfail(
+    torch.torch_version.TorchVersion(torch.__version__) >= "2.14",
+    strict=True,
+    reason="torch 2.14: m.compile() wraps the bound _call_impl in external_utils.wrap_inline, so m's own "
+    "hooks run from PyTorch's _call_impl, not the capture's copy: under force_eager the root's global "
+    "hook call is not traced (the hooks' record has it), and in the compiled run it is inlined with no "
+    "module (docs/capture.md, 'A compiled module's own hooks'); not fixed",
+)
 def test_wrapper_calls_do_not_fire_for_module_compile() -> None:
     result = compared("wrapper_not")
     assert rules(result) == []

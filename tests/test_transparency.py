@@ -329,6 +329,37 @@ def test_torch_compile_fullgraph_with_hooks_is_unchanged_and_marked(no_global_ho
     torch._dynamo.reset()
 
 
+def test_a_hook_added_after_the_compile_runs_or_not_as_untraced(no_global_hooks: None) -> None:
+    """pytorch/pytorch#117758: Dynamo calls a hookless module's forward without guarding its hook
+    dicts, so a hook added after the compile never runs. Traced, the same graphs are compiled and the
+    same hooks run (torch 2.14 inlined `_call_impl` under the capture's `__call__` and recompiled)."""
+
+    def step() -> tuple[list[str], int, list]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+        ran: list[str] = []
+        graphs: list[int] = []
+
+        def backend(gm: torch.fx.GraphModule, inputs: list) -> Callable:
+            graphs.append(len(gm.graph.nodes))
+            return gm.forward
+
+        compiled = torch.compile(m, backend=backend)
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+        first = compiled(x)
+        m[0].register_forward_hook(lambda mod, a, o: ran.append("late") or o * 2)
+        second = compiled(x)
+        return ran, len(graphs), _tensors(first, second)
+
+    plain = step()
+    with hooktrace.trace():
+        traced = step()
+    assert traced[:2] == plain[:2]
+    _equal(plain[2], traced[2])
+    torch._dynamo.reset()
+
+
 # -- threads calling the model while blocks open and close ----------------------------------
 def test_threads_calling_the_model_while_blocks_end_leave_no_shim() -> None:
     m = nn.Sequential(*(nn.Linear(8, 8) for _ in range(4)))

@@ -319,6 +319,17 @@ def _calls(hook: Any, fn: Any) -> bool:
         return False
 
 
+def _same_short_cut(ledger: Ledger) -> None:
+    """Dynamo calls a hookless module's `forward` only if `__call__` is `unpatched_nn_module_call`,
+    else inlines `_call_impl`, whose empty hook dicts become guards (2.14): a hook added later then
+    recompiled the graph, where untraced it never runs (#117758). The wrapper is that name here."""
+    from torch._dynamo.variables import nn_module as variables
+
+    wrapper = vars(torch.nn.Module)["__call__"]
+    if getattr(variables, "unpatched_nn_module_call", wrapper) is not wrapper:
+        ledger.set(variables, "unpatched_nn_module_call", wrapper)
+
+
 class Forward:
     """The inline_call / call_user_compiler patches of one capture, recorded in its ledger; `graphs`
     what they saw."""
@@ -417,6 +428,7 @@ class Forward:
         call_user_compiler.__wrapped__ = original_compiler  # type: ignore[attr-defined]
         self._ledger.set(translator, "inline_call", classmethod(inline_call))
         self._ledger.set(graph_cls, "call_user_compiler", call_user_compiler)
+        _same_short_cut(self._ledger)
 
     def _hook_ids(self, parent: Any, fn: Any, args: Any) -> list[tuple[int, Any, Any]]:
         """(trace id, hook, weak reference to the module) of the forward hook `fn` is, global or of
