@@ -86,6 +86,7 @@ DYNAMO_NAMES: list[tuple[str, str]] = [
     ("torch/_dynamo/external_utils.py", "call_hook"),
     ("torch/fx/_lazy_graph_module.py", "_LazyGraphModule.force_recompile"),
     *(("torch/_dynamo/variables/nn_module.py", name) for name in sorted(compiled._MODULE_VARIABLES)),
+    ("torch/_dynamo/variables/nn_module.py", "unpatched_nn_module_call"),
     ("torch/_C/_dynamo/eval_frame.pyi", "set_code_exec_strategy"),
     ("torch/_C/_dynamo/eval_frame.pyi", "_FrameExecStrategy"),
     ("torch/_C/_dynamo/eval_frame.pyi", "_FrameAction.SKIP"),
