@@ -4,6 +4,7 @@ is made; `run --profile PATH` writes the profiler's Chrome trace."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -368,3 +369,47 @@ def test_first_with_stack_profile_inside_a_block_keeps_module_and_compiled_range
     assert graphs[0]["ts"] + graphs[0]["dur"] < region["ts"]
     assert region["ts"] - slack <= graphs[1]["ts"]
     assert graphs[1]["ts"] + graphs[1]["dur"] <= region["ts"] + region["dur"] + slack
+
+
+def test_a_compiled_autograd_graph_run_is_a_range_naming_its_hooks_in_the_order_they_ran() -> None:
+    """Under compiled autograd the hooks run inside the backward graph, no shim range of their own: the
+    graph's run is one range naming them in the order they ran (their own record). Untraced, the
+    same profile has no such range (hooktrace's, not PyTorch's)."""
+    compiled_autograd = pytest.importorskip("torch._dynamo.compiled_autograd")
+
+    def ranges(traced: bool) -> tuple[list[list[str]], list[list[str]]]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        log: list[str] = []
+
+        def labelled(label: str) -> Any:
+            def hook(*args: Any) -> None:
+                log.append(label)
+
+            hook.__name__ = hook.__qualname__ = label
+            return hook
+
+        m[0].weight.register_hook(labelled("grad_w0"))
+        m[2].weight.register_post_accumulate_grad_hook(labelled("acc_w2"))
+        m[2].register_full_backward_hook(labelled("backward_2"))
+        m[0].register_full_backward_pre_hook(labelled("backward_pre_0"))
+        x = torch.randn(3, 4, requires_grad=True)
+        named, ran = [], []
+        with hooktrace.trace(m) if traced else contextlib.nullcontext():
+            for _ in range(2):
+                out = m(x)
+                del log[:]
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+                    with compiled_autograd._enable(torch.compile(backend="eager")):
+                        out.sum().backward()
+                names = [e.name for e in p.events() if e.name.startswith("compiled autograd graph ")]
+                named.append([n.split(": ", 1)[1] for n in names])
+                ran.append([", ".join(log)])
+        torch._dynamo.reset()
+        return named, ran
+
+    named, ran = ranges(traced=True)
+    assert named == ran and len(ran[0][0].split(", ")) == 4
+    named, ran = ranges(traced=False)
+    assert named == [[], []] and all(ran)

@@ -28,7 +28,6 @@ not traced, and the rest is.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import sys
 import threading
@@ -41,9 +40,10 @@ import torch
 
 from .. import kinds
 from ..supported import release
-from . import hookapis, shims, sites
+from . import dynamo, hookapis, shims, sites
 from .build import ONLY_AS_PYTHON
 from .ledger import CURRENT, Ledger
+from .ranges import graph_label
 
 # One run of a compiled graph: (enter seq, exit seq, thread, start and end perf_counter_ns, graph
 # number, backward (compiled autograd's) or not, ((hook id, module key or None), ...) in the order
@@ -93,7 +93,7 @@ def _graph_runner(fn: Any, number: int, hooks: Compiled, names: list[str]) -> Ca
     import torch
 
     profiler = torch.autograd.profiler
-    label = f"torch.compile graph {number} (hooks in program order): {', '.join(names)}"
+    label = graph_label(number, False, names)
 
     def hooktrace_graph_run(*args: Any, **kwargs: Any) -> Any:
         runs = CURRENT.graph_runs
@@ -140,19 +140,37 @@ def _cell(fn: Any, name: str) -> Any:
         return None
 
 
-def hook_ids(obj: Any) -> list[int]:
-    """The traced hook ids a callable of the `hooks` list stands for (a shim: its own; PyTorch's
-    BackwardHook closures: the shims of its module's full backward (pre-)hooks); [] for others."""
-    code = getattr(obj, "__code__", None)
-    if code in shims.SHIM_CODES:
-        hid = _cell(obj, "hook_id")
-        return [hid] if isinstance(hid, int) else []
+def _shims(obj: Any) -> list[Any]:
+    """The shims a callable of the `hooks` list stands for (a shim: itself; PyTorch's BackwardHook
+    closures: the shims of its module's full backward (pre-)hooks); [] for others."""
+    if getattr(obj, "__code__", None) in shims.SHIM_CODES:
+        return [obj]
     owner = _cell(obj, "self")
     qualname = getattr(obj, "__qualname__", "")
     if owner is None or not qualname.startswith("BackwardHook."):
         return []
     held = owner.user_hooks if qualname.startswith("BackwardHook._set_user_hook") else owner.user_pre_hooks
-    return [i for fn in held or () for i in hook_ids(fn)]
+    return [shim for fn in held or () for shim in _shims(fn)]
+
+
+def hook_ids(obj: Any) -> list[int]:
+    """The traced hook ids a callable of the `hooks` list stands for (its shims')."""
+    return [hid for shim in _shims(obj) if isinstance(hid := _cell(shim, "hook_id"), int)]
+
+
+def _names(hooks: Any, slots: list[int]) -> list[str]:
+    """The names of the hooks at `slots` of a run's `hooks` list, in graph order (a profiler's range)."""
+    out = []
+    for slot in slots:
+        obj = hooks[slot] if slot < len(hooks) else None
+        cell = hookapis.inner_cell(obj)
+        if cell is not None:  # PyTorch's multi-grad inner hook: the user's function it calls
+            try:
+                obj = cell.cell_contents
+            except ValueError:
+                continue
+        out += [sites.hook_name(_cell(shim, "fn")) for shim in _shims(obj)]
+    return out
 
 
 def _entries(hooks: Any, slots: list[int]) -> tuple[tuple[int, Optional[int]], ...]:
@@ -219,7 +237,7 @@ class Installed:
             cls is None
             or original is None
             or call_hook is None
-            or not _signature_is(original, _END_CAPTURE_PARAMS)
+            or not dynamo.signature_is(original, _END_CAPTURE_PARAMS)
         ):
             self.note = (
                 "compiled autograd: this torch's AutogradCompilerInstance.end_capture is not the one "
@@ -230,9 +248,9 @@ class Installed:
         def end_capture(instance: Any, outputs: Any) -> Any:
             runtime_wrapper, compiled = original(instance, outputs)
             slots = _hook_slots(instance.fx_tracer.graph, call_hook)
-            if not slots or not _signature_is(runtime_wrapper, _RUNTIME_PARAMS):
+            if not slots or not dynamo.signature_is(runtime_wrapper, _RUNTIME_PARAMS):
                 return runtime_wrapper, compiled
-            number = next(_NUMBERS)
+            number, profiler = next(_NUMBERS), torch.autograd.profiler
 
             def hooktrace_compiled_backward(
                 compiled_fn: Any, inputs: Any, sizes: Any, scalars: Any, hooks: Any, packed_inputs: Any
@@ -242,40 +260,15 @@ class Installed:
                     return runtime_wrapper(compiled_fn, inputs, sizes, scalars, hooks, packed_inputs)
                 ids = _entries(hooks, slots)
                 args = (compiled_fn, inputs, sizes, scalars, hooks, packed_inputs)
+                if profiler._is_profiler_enabled:
+                    with profiler.record_function(graph_label(number, True, _names(hooks, slots))):
+                        return runs(number, True, ids, runtime_wrapper, args, {})
                 return runs(number, True, ids, runtime_wrapper, args, {})
 
             return hooktrace_compiled_backward, compiled
 
         end_capture.__wrapped__ = original  # type: ignore[attr-defined]
         ledger.set(cls, "end_capture", end_capture)
-
-
-def _signature_is(fn: Any, names: list[str]) -> bool:
-    return _parameters(fn) == names
-
-
-# id(function) -> (weak reference, its parameters' names): Dynamo's functions are read once per process,
-# not at every session (inspect.signature: about 50 µs each)
-_PARAMETERS: dict[int, tuple[Any, Optional[list[str]]]] = {}
-
-
-def _parameters(fn: Any) -> Optional[list[str]]:
-    # a bound method (a classmethod read from its class) is made anew at each read: known by its
-    # function, whose signature less the first parameter is the bound method's
-    held = fn.__func__ if inspect.ismethod(fn) else fn
-    key = id(held) if held is fn else -id(held)
-    known = _PARAMETERS.get(key)
-    if known is not None and known[0]() is held:
-        return known[1]
-    try:
-        names: Optional[list[str]] = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        names = None
-    try:
-        _PARAMETERS[key] = (weakref.ref(held, lambda _r: _PARAMETERS.pop(key, None)), names)
-    except TypeError:  # no weak reference: read each time
-        pass
-    return names
 
 
 # Compiled forward: the hooks Dynamo inlines into a graph, in program order.
@@ -319,17 +312,6 @@ def _calls(hook: Any, fn: Any) -> bool:
         return False
 
 
-def _same_short_cut(ledger: Ledger) -> None:
-    """Dynamo calls a hookless module's `forward` only if `__call__` is `unpatched_nn_module_call`,
-    else inlines `_call_impl`, whose empty hook dicts become guards (2.14): a hook added later then
-    recompiled the graph, where untraced it never runs (#117758). The wrapper is that name here."""
-    from torch._dynamo.variables import nn_module as variables
-
-    wrapper = vars(torch.nn.Module)["__call__"]
-    if getattr(variables, "unpatched_nn_module_call", wrapper) is not wrapper:
-        ledger.set(variables, "unpatched_nn_module_call", wrapper)
-
-
 class Forward:
     """The inline_call / call_user_compiler patches of one capture, recorded in its ledger; `graphs`
     what they saw."""
@@ -362,8 +344,10 @@ class Forward:
             translator is None
             or graph_cls is None
             or not isinstance(vars(translator).get("inline_call"), classmethod)
-            or not (_signature_is(inline, _INLINE_PARAMS) or _signature_is(inline, _INLINE_PARAMS_OLD))
-            or not _signature_is(compiler, _COMPILER_PARAMS)
+            or not (
+                dynamo.signature_is(inline, _INLINE_PARAMS) or dynamo.signature_is(inline, _INLINE_PARAMS_OLD)
+            )
+            or not dynamo.signature_is(compiler, _COMPILER_PARAMS)
         ):
             self.note = (
                 "torch.compile: this torch's Dynamo has no InliningInstructionTranslator.inline_call / "
@@ -428,7 +412,7 @@ class Forward:
         call_user_compiler.__wrapped__ = original_compiler  # type: ignore[attr-defined]
         self._ledger.set(translator, "inline_call", classmethod(inline_call))
         self._ledger.set(graph_cls, "call_user_compiler", call_user_compiler)
-        _same_short_cut(self._ledger)
+        dynamo.same_short_cut(self._ledger)
 
     def _hook_ids(self, parent: Any, fn: Any, args: Any) -> list[tuple[int, Any, Any]]:
         """(trace id, hook, weak reference to the module) of the forward hook `fn` is, global or of

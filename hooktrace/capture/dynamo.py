@@ -18,15 +18,24 @@ theirs too (`os.path`, `inspect`), which an untraced run never runs. Inlining is
 Dynamo traces a compiled frame it still inlines the wrapper, which hands it PyTorch's own
 `_wrapped_call_impl`. This uses PyTorch's C extension directly, so a capture does not import
 `torch._dynamo` (seconds) for a model that is never compiled.
+
+Two more things Dynamo reads are kept as untraced: `same_short_cut` names the call wrapper as
+Dynamo's `unpatched_nn_module_call` (its test for a module it may call without inlining
+`_call_impl`), and `signature_is` reads the parameters of the Dynamo functions capture/compiled.py
+patches, once per process.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import types
+import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Optional
+
+import torch
 
 try:
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
@@ -149,3 +158,44 @@ def skip_own_frames(extra: Iterable[types.CodeType] = ()) -> int:
         set_code_exec_strategy(code, calls_user if code.co_name in CALLS_USER_CODE else own_only)
     _done.update(new)
     return len(new)
+
+
+def same_short_cut(ledger: Any) -> None:
+    """Dynamo calls a hookless module's `forward` only if `__call__` is `unpatched_nn_module_call`,
+    else inlines `_call_impl`, whose empty hook dicts become guards (2.14): a hook added later then
+    recompiled the graph, where untraced it never runs (#117758). The call wrapper is that name
+    while the capture is open (in its `ledger`)."""
+    from torch._dynamo.variables import nn_module as variables
+
+    wrapper = vars(torch.nn.Module)["__call__"]
+    if getattr(variables, "unpatched_nn_module_call", wrapper) is not wrapper:
+        ledger.set(variables, "unpatched_nn_module_call", wrapper)
+
+
+def signature_is(fn: Any, names: list[str]) -> bool:
+    """`fn` (a function of Dynamo's that capture/compiled.py patches or calls) has these parameters."""
+    return _parameters(fn) == names
+
+
+# id(function) -> (weak reference, its parameters' names): Dynamo's functions are read once per process,
+# not at every session (inspect.signature: about 50 µs each)
+_PARAMETERS: dict[int, tuple[Any, Optional[list[str]]]] = {}
+
+
+def _parameters(fn: Any) -> Optional[list[str]]:
+    # a bound method (a classmethod read from its class) is made anew at each read: known by its
+    # function, whose signature less the first parameter is the bound method's
+    held = fn.__func__ if inspect.ismethod(fn) else fn
+    key = id(held) if held is fn else -id(held)
+    known = _PARAMETERS.get(key)
+    if known is not None and known[0]() is held:
+        return known[1]
+    try:
+        names: Optional[list[str]] = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        names = None
+    try:
+        _PARAMETERS[key] = (weakref.ref(held, lambda _r: _PARAMETERS.pop(key, None)), names)
+    except TypeError:  # no weak reference: read each time
+        pass
+    return names

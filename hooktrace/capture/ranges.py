@@ -23,7 +23,7 @@ import torch
 from ..kinds import ROOT
 from .sites import hook_name
 
-__all__ = ["guard_module_code", "module_range", "ranged"]
+__all__ = ["graph_label", "guard_module_code", "module_range", "ranged"]
 
 
 def ranged(fn: Any, kind: str) -> Callable[..., Any]:
@@ -44,6 +44,12 @@ def module_range(module: Any, path: Optional[str]) -> Any:
     cls = type(module if inner is None else inner).__name__
     where = path if path else (ROOT if path == "" else "?")
     return torch.autograd.profiler.record_function(f"module {where} ({cls})")
+
+
+def graph_label(number: int, backward: bool, names: list[str]) -> str:
+    """The range of one run of a compiled graph holding hooks (capture/compiled.py), naming them."""
+    what = "compiled autograd graph" if backward else "torch.compile graph"
+    return f"{what} {number} (hooks in program order): {', '.join(names)}"
 
 
 _CODE_READ = [False]  # a with_stack profile started in this process while a block was open
