@@ -34,12 +34,18 @@ from .fsdp_comms import FSDP_KINDS, AllGather, ReduceScatter, fsdp_events, named
 HERE = "tests/test_capture_fsdp_comm.py"
 
 
+def _groups(module: Any) -> list[Any]:
+    """The module's FSDP2 param groups: a list on torch 2.13, one group (or None) on 2.9 and 2.10."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        groups = [g for g in (state._fsdp_param_group,) if g is not None]
+    return list(groups)
+
+
 def _held(module: Any) -> list[tuple[Any, Any, Any]]:
     """What the module's FSDP2 param groups hold."""
-    return [
-        (g._all_reduce_hook, g._all_gather_comm, g._reduce_scatter_comm)
-        for g in module._get_fsdp_state()._fsdp_param_groups
-    ]
+    return [(g._all_reduce_hook, g._all_gather_comm, g._reduce_scatter_comm) for g in _groups(module)]
 
 
 def _fsdp2(traced: bool) -> dict[str, Any]:
@@ -190,7 +196,7 @@ def test_the_hooks_fsdp_holds_at_the_end_are_listed_as_registered(gloo_one_rank:
         m.set_all_reduce_hook(second)  # FSDP holds `second` on the root from now on
     rows = [(r.module, [h.name for h in r.hooks]) for r in firing_order(t.trace, t.held_ids)]
     assert [row for row in rows if row[1][0] in ("first", "second")] == [("", ["second"]), ("0", ["first"])]
-    assert m._get_fsdp_state()._fsdp_param_groups[0]._all_reduce_hook is second
+    assert _groups(m)[0]._all_reduce_hook is second
     assert log == []
 
 

@@ -267,10 +267,14 @@ def test_a_signal_to_run_nproc_stops_every_rank_and_writes_the_partial_traces(
     proc = hooktrace_process(
         "run", str(hanging), "--nproc", str(nproc), "-o", str(out), "--timeout", "600", env=env
     )
+
+    def written() -> list[int]:  # a rank's mark exists before its pid is written in it
+        return [int(text) for p in marks.iterdir() if (text := p.read_text().strip())]
+
     deadline = time.monotonic() + 240
-    while len(list(marks.iterdir())) < nproc and proc.poll() is None and time.monotonic() < deadline:
+    while len(written()) < nproc and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    pids = [int(p.read_text()) for p in marks.iterdir()]
+    pids = written()
     assert len(pids) == nproc, proc.communicate(timeout=60)
     proc.send_signal(sig)
     try:
