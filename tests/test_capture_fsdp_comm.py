@@ -35,7 +35,7 @@ HERE = "tests/test_capture_fsdp_comm.py"
 
 
 def _groups(module: Any) -> list[Any]:
-    """The module's FSDP2 param groups: a list on torch 2.13, one group (or None) on 2.9 and 2.10."""
+    """The module's FSDP2 param groups: a list on torch 2.12 on, one group (or None) on 2.9 to 2.11."""
     state = module._get_fsdp_state()
     groups = getattr(state, "_fsdp_param_groups", None)
     if groups is None:
