@@ -183,7 +183,10 @@ def _covered(ledger: Ledger, before: dict[tuple[int, str], Any]) -> None:
                 owner,
                 name,
             )
-    assert len(namespaces) <= 1  # the copies' namespace, hooktrace's own
+        elif owner is vars(nn_module):  # what a dunder's copy reads there (views._swap_dunder)
+            assert name.startswith("_hooktrace_") and original is _ABSENT, name
+    # beside PyTorch's module, only the copies' namespace, hooktrace's own
+    assert len({id(o) for o in namespaces if o is not vars(nn_module)}) <= 1
 
 
 def _model() -> nn.Module:
@@ -259,6 +262,34 @@ def test_sessions_one_after_another() -> None:
         _assert_same(before)
         traces.append(t.trace)
     assert len({len(tr.events) for tr in traces}) == 1
+
+
+def test_module_setattr_stays_pytorchs_object_and_its_registration_hooks_are_traced() -> None:
+    """`nn.Module.__setattr__` gets the copy's code, not a new function (a dunder set on the class
+    would update every subclass's slot): identity and type lookups find PyTorch's own inside the
+    block, its registration hooks are traced, and its code is PyTorch's again after."""
+    own = vars(nn.Module)["__setattr__"]
+    own_code = own.__code__
+    names_before = set(vars(nn_module))
+    seen: list[str] = []
+
+    def on_module(module: nn.Module, name: str, submodule: nn.Module) -> None:
+        seen.append(name)
+
+    m = _model()
+    handle = nn_module.register_module_module_registration_hook(on_module)
+    try:
+        with hooktrace.trace(m) as t:
+            assert vars(nn.Module)["__setattr__"] is own and nn.Module.__setattr__ is own
+            assert own.__code__ is not own_code  # the copy's, reading the global hooks through views
+            m.extra = nn.Linear(2, 2)  # Module.__setattr__ -> the global module registration hook
+    finally:
+        handle.remove()
+    assert seen == ["extra"]
+    assert own.__code__ is own_code and vars(nn.Module)["__setattr__"] is own
+    assert set(vars(nn_module)) == names_before
+    fired = [t.trace.hook(e.hook) for e in t.trace.hook_events() if e.kind == "module_registration"]
+    assert [(h.name.rsplit(".", 1)[-1], h.scope) for h in fired] == [("on_module", "global")]
 
 
 def test_a_session_that_fails_to_install_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,10 @@ only in the lists PyTorch builds from that (`BackwardHook` keeps them for the ba
 
 The copies are compiled with the file name and line numbers of PyTorch's module, so tracebacks and
 `inspect` read as usual. They are installed as class attributes of `nn.Module` for the block and
-removed after it; `Module.__call__` becomes the recording wrapper (shims.make_module_call), which
-calls the `_call_impl` copy itself, so a traced module level costs no extra Python frame.
+removed after it, but for `__setattr__`, whose copy's code goes into PyTorch's own function instead
+(`_swap_dunder`: a dunder set on the class updates every subclass's slot); `Module.__call__` becomes
+the recording wrapper (shims.make_module_call), which calls the `_call_impl` copy itself, so a
+traced module level costs no extra Python frame.
 """
 
 from __future__ import annotations
@@ -370,12 +372,48 @@ def install(
         for name, copy in made.copies.items():
             if name == "_call_impl":  # the `__call__` wrapper calls it; `_call_impl` stays PyTorch's
                 continue
-            ledger.set(torch.nn.Module, name, copy)
+            if not _swap_dunder(made, name, copy, ledger):
+                ledger.set(torch.nn.Module, name, copy)
         ranges.guard_module_code(ledger, vars(torch.nn.Module)["__call__"])  # the profiler's module names
         ledger.set(torch.nn.Module, "__call__", module_call)
     except BaseException:
         ledger.restore(to=start)
         raise
+
+
+def _swap_dunder(made: _Copies, name: str, copy: Any, ledger: Ledger) -> bool:
+    """Put the copy of a dunder method (`__setattr__`) in PyTorch's own function by its code; False
+    where it cannot (not a dunder, or the function there is not the one the copy was made from).
+
+    Setting a dunder on `nn.Module` updates the type slot of every subclass (about 360 once torch is
+    imported), about 0.1 ms at the block's start and again at its end, for every session; a code swap
+    costs what any attribute does, and `nn.Module.__setattr__` stays PyTorch's object. The function's
+    globals are then PyTorch's module's: the names the copy reads that it has not (the view, and
+    the module its global hook dicts are read from) are set there for the block, restored with it.
+    """
+    if not (name.startswith("__") and name.endswith("__")):
+        return False
+    own = vars(torch.nn.Module).get(name)
+    if own is None or own is not made.originals.get(name) or _plain(own) is not own:
+        return False
+    code = copy.__code__
+    if code.co_freevars != own.__code__.co_freevars or own.__globals__ is not vars(nn_module):
+        return False
+    theirs = vars(nn_module)
+    for read in sorted(_names_read(code)):
+        if read not in theirs and read in made.namespace:
+            ledger.set_item(theirs, read, made.namespace[read])
+    ledger.swap_code(own, code)
+    return True
+
+
+def _names_read(code: types.CodeType) -> set[str]:
+    """Every name `code` and the functions defined in it read (globals among them)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_read(const)
+    return names
 
 
 def call_impl_copy() -> Any:
