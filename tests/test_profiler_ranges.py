@@ -15,6 +15,9 @@ import torch
 import hooktrace
 from hooktrace.capture import shims
 
+# torch 2.11 and 2.12 warn once at a plain profile()'s end that events are cleared per cycle
+pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
+
 
 class Net(torch.nn.Module):
     def __init__(self) -> None:
