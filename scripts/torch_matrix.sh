@@ -4,7 +4,7 @@
 # the CUDA one, run on CPU; 6-7 GB) and hooktrace's dev extras installed without changing torch; the
 # order file of every sample (scripts/sample_orders.sh), compared byte for byte with the reference
 # version's; the source checks of scripts/check_torch_source.py on that torch's own installed files;
-# then the whole suite (-n 1: the machine's cores are shared). The venv is deleted after (KEEP=1 keeps it).
+# then the whole suite and the slow set (-n 1: the machine's cores are shared). The venv is deleted after (KEEP=1 keeps it).
 #
 #   scripts/torch_matrix.sh [VERSION...]      default: 2.8.0 2.9.1 2.10.0 2.11.0 2.12.1 2.14.1
 #   TORCHVER_DIR=/tmp/torchver                 venvs, order files, logs
@@ -12,6 +12,8 @@
 #                                              with the `hooktrace` of the calling environment, which
 #                                              must hold that torch (the developers' .venv)
 #   SUITE=0                                    order files only, no suite
+#   SUITE=slow                                 the slow set only (`-m slow`: ranks under torchrun,
+#                                              the compile matrix, libraries, signals), no default suite
 #   JOBS=1                                     pytest -n (xdist workers) for the suite
 #
 # torch 2.15 is not installable from this machine's package index: its sources (an unpacked wheel or
@@ -53,11 +55,17 @@ for v in "${versions[@]}"; do
   site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   PYTHONPATH="$repo" "$venv/bin/python" scripts/check_torch_source.py "$site" >"$dir/check-$v.log" 2>&1
   echo "source checks on its own files: $(tail -n 1 "$dir/check-$v.log")"
-  if [ "${SUITE:-1}" != 0 ]; then
+  if [ "${SUITE:-1}" != 0 ] && [ "${SUITE:-1}" != slow ]; then
     PATH="$venv/bin:$PATH" PYTHONPATH="$repo" "$venv/bin/python" -m pytest -n "${JOBS:-1}" -q -p no:cacheprovider -rfEs \
       >"$dir/suite-$v.log" 2>&1
     echo "suite: $(tail -n 1 "$dir/suite-$v.log")"
     grep -E "^(SKIPPED|FAILED|ERROR)" "$dir/suite-$v.log" | sed 's/^/  /'
+  fi
+  if [ "${SUITE:-1}" != 0 ]; then  # the slow set, as .ci/run runs it after the suite
+    PATH="$venv/bin:$PATH" PYTHONPATH="$repo" "$venv/bin/python" -m pytest -m slow -n "${JOBS:-1}" -q -p no:cacheprovider -rfEs \
+      >"$dir/slow-$v.log" 2>&1
+    echo "slow set: $(tail -n 1 "$dir/slow-$v.log")"
+    grep -E "^(SKIPPED|FAILED|ERROR)" "$dir/slow-$v.log" | sed 's/^/  /'
   fi
   [ "${KEEP:-0}" = 1 ] || rm -rf "$venv"
 done
