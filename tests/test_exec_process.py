@@ -514,8 +514,14 @@ def test_step_on_forward_says_when_a_backward_of_an_earlier_forward_ran_in_the_w
     kinds = [e.kind for e in hooktrace.load(tmp_path / "run.json").hook_events()]
     assert kinds == ["forward"], kinds  # the window's forward; its backward runs after the window
     said = "that forward's backward ran inside the window untraced" in traced.stderr
+    silent = [s for s in hooktrace.load(tmp_path / "run.json").surprises if s.rule == "never-fired"]
+    assert len(silent) == 1 and "`backward_hook`" in silent[0].message, silent
+    unseen = "the backward of step 0's forward ran inside the window untraced"
     if train:
         assert traced.stdout == "hooks so far ['forward', 'backward']\n"  # it ran, in the window
         assert said, traced.stderr
+        # never-fired names the backward it may have run in (it said only "the trace does not show")
+        assert unseen in silent[0].message and silent[0].level == "info", silent
     else:
         assert traced.stdout == "" and not said, traced.stderr
+        assert unseen not in silent[0].message and silent[0].level == "warn", silent

@@ -82,6 +82,7 @@ class _Facts:
     errors: list[Event] = field(default_factory=list)
     replaced: set = field(default_factory=set)
     replaced_params: set = field(default_factory=set)
+    unseen_backward: Optional[str] = None
 
     @classmethod
     def of(cls, trace: Trace) -> _Facts:
@@ -114,6 +115,7 @@ def never_fired(
     in_graph: Optional[Collection[int]] = None,
     replaced: Collection[int] = frozenset(),
     replaced_params: Collection[int] = frozenset(),
+    unseen_backward: Optional[str] = None,
 ) -> list[Surprise]:
     """`exclude`: hooks the capture saw taken out of their dict again (no surprise that they did not
     fire). `in_graph`: hooks of a module that ran compiled (torch.compile), which ran inside the graph,
@@ -121,7 +123,9 @@ def never_fired(
     `replaced`: node hooks whose AccumulateGrad node their parameter's move replaced (the capture saw
     it: the trace alone does not show it). `replaced_params`: hooks on a parameter of the model, or on its
     AccumulateGrad node, that a move replaced by a new tensor (to or from `meta`: the capture saw the
-    model hold another tensor by that name)."""
+    model hold another tensor by that name). `unseen_backward`: which backward pass ran inside the
+    capture untraced, when the driver saw one (`exec --step-on forward`: the backward of the forward
+    before the window), named in the reason of backward hooks that did not fire."""
     if in_graph is None:
         in_graph = {hid for s in trace.surprises if s.rule == "compiled" for hid in s.hooks}
     # the hooks that fired first (one pass): the rest of the facts only when some hook did not
@@ -134,6 +138,7 @@ def never_fired(
     facts = _Facts.of(trace)
     facts.replaced = set(replaced)
     facts.replaced_params = set(replaced_params)
+    facts.unseen_backward = unseen_backward
     groups: dict[tuple[str, str], list[Hook]] = defaultdict(list)
     for hook in silent:
         found = _reason(facts, hook)
@@ -264,6 +269,12 @@ def _backward_reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
         )
     if backward == "no-grad":
         return "backward was skipped: nothing in the output required grad", "warn"
+    if facts.unseen_backward is not None:  # the driver saw a backward run in the window, untraced
+        return (
+            f"{facts.unseen_backward} ran inside the window untraced, so {{its}} calls there, if any, were "
+            "not seen, and no traced backward called it",
+            "info",
+        )
     if facts.backward_ran is None:
         last_error = facts.errors[-1] if facts.errors else None
         if last_error is not None:

@@ -461,6 +461,7 @@ def find_surprises(
     replaced_nodes: Collection[int] = frozenset(),
     compiled_graphs: Optional[Graphs] = None,
     replaced_params: Collection[int] = frozenset(),
+    unseen_backward: Optional[str] = None,
 ) -> list[Surprise]:
     """Every rule over the trace, in the order of docs/surprises.md's table, then `compiled`. The capture's
     facts, when known: `deleted`, ids of hooks their own code took out of their dict again
@@ -468,7 +469,8 @@ def find_surprises(
     compiled (capture/build.py `compiled_windows`); `replaced_nodes`, node hooks on an AccumulateGrad node
     that their parameter's move to another dtype or device replaced; `replaced_params`, hooks on a
     parameter (or its AccumulateGrad node) that a move replaced by a new tensor (to or from `meta`);
-    `compiled_graphs`, the hooks Dynamo compiled into each graph (capture/build.py `compiled_graphs`)."""
+    `compiled_graphs`, the hooks Dynamo compiled into each graph (capture/build.py `compiled_graphs`);
+    `unseen_backward`, a backward pass the driver saw run inside the capture untraced (never_fired)."""
     in_graph = compiled(trace, compiled_calls or {}, compiled_graphs)
     # a trace analysed again (loaded) keeps its own `compiled` surprises: never_fired reads them
     hidden = {hid for s in in_graph for hid in s.hooks} if compiled_calls is not None else None
@@ -482,6 +484,7 @@ def find_surprises(
                     in_graph=hidden,
                     replaced=set(replaced_nodes),
                     replaced_params=set(replaced_params),
+                    unseen_backward=unseen_backward,
                 )
             )
         else:

@@ -416,6 +416,9 @@ class TraceSession:
         self._meta_overrides: dict[str, Any] = {}
         self._trace: Optional[Trace] = None
         self.shapes = shapes
+        # a backward pass a driver saw run inside the block untraced ("the backward of step 0's
+        # forward"), told to `analyse` for never-fired's reasons; set before the trace is built
+        self.unseen_backward: Optional[str] = None
 
     def __enter__(self) -> TraceSession:
         self._capture.open()
@@ -464,6 +467,7 @@ class TraceSession:
             with gc_paused():
                 trace = build.build_trace(pending)
                 if self._analyse is not None:
+                    told = {} if self.unseen_backward is None else {"unseen_backward": self.unseen_backward}
                     trace.surprises = self._analyse(
                         trace,
                         deleted=pending.deleted,
@@ -471,6 +475,7 @@ class TraceSession:
                         replaced_nodes=pending.replaced_nodes,
                         replaced_params=pending.replaced_params,
                         compiled_graphs=build.compiled_graphs(pending),
+                        **told,
                     )
             self._trace = trace
             self._capture.pending = None

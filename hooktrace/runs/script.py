@@ -37,7 +37,8 @@ from .uncaught import script_traceback
 _EARLIER_BACKWARD = (
     "with --step-on forward a step is one outermost module call: the window opened at the end of the "
     "forward of step {before}, and that forward's backward ran inside the window untraced (its "
-    "modules' backward hooks and its tensors' hooks are not in the trace; never-fired may name them); "
+    "modules' backward hooks and its tensors' hooks are not in the trace; never-fired names that backward "
+    "for them); "
     "a training loop is cut where its steps end with --step-on optimizer (the default) or backward"
 )
 OWN_TRACE = "opened its own hooktrace.trace()"  # the window ends there: one capture at a time
@@ -277,6 +278,8 @@ class _Window:
                 pass
         rank, world = _rank_meta()
         session.set_meta(target=self.script.label, rank=rank, world_size=world, warmup=self.options.start)
+        if self.earlier_backward:
+            session.unseen_backward = f"the backward of step {self.options.start - 1}'s forward"
         notes = self._notes(ended_by)
         return Result(trace=session.trace, label=self.script.label, notes=notes, steps_ended=self.ended)
 
