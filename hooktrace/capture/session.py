@@ -403,10 +403,11 @@ class TraceSession:
         describe: Optional[Callable[[Trace], str]] = None,
         shapes: bool = False,
     ) -> None:
-        """`analyse(trace, deleted=ids, compiled_calls=windows, compiled_graphs=graphs)`: the trace's
+        """`analyse(trace, deleted=ids, compiled_calls=windows, compiled_graphs=graphs, ...)`: the trace's
         surprises, made when it is built from the capture's facts (ids: hooks their own code took out of
         their dict; windows: the module calls that ran compiled, `build.compiled_windows`; graphs: the
-        hooks Dynamo compiled into graphs, `build.compiled_graphs`); `describe(trace)`:
+        hooks Dynamo compiled into graphs, `build.compiled_graphs`; and the rest of
+        `find_surprises`' keywords, `unseen_backward` among them); `describe(trace)`:
         the counts the session's repr shows. The API and the drivers pass `analysis.surprises.find_surprises` and
         `analysis.counts.summary`: the capture analyses nothing. `shapes`: record what each hook
         received and returned (capture/shapes.py; `--shapes`)."""
@@ -467,7 +468,6 @@ class TraceSession:
             with gc_paused():
                 trace = build.build_trace(pending)
                 if self._analyse is not None:
-                    told = {} if self.unseen_backward is None else {"unseen_backward": self.unseen_backward}
                     trace.surprises = self._analyse(
                         trace,
                         deleted=pending.deleted,
@@ -475,7 +475,7 @@ class TraceSession:
                         replaced_nodes=pending.replaced_nodes,
                         replaced_params=pending.replaced_params,
                         compiled_graphs=build.compiled_graphs(pending),
-                        **told,
+                        unseen_backward=self.unseen_backward,
                     )
             self._trace = trace
             self._capture.pending = None

@@ -396,10 +396,9 @@ def _swap_dunder(made: _Copies, name: str, copy: Any, ledger: Ledger) -> bool:
     own = vars(torch.nn.Module).get(name)
     if own is None or own is not made.originals.get(name) or _plain(own) is not own:
         return False
-    code = copy.__code__
-    if code.co_freevars != own.__code__.co_freevars or own.__globals__ is not vars(nn_module):
+    code, theirs = copy.__code__, vars(nn_module)
+    if code.co_freevars != own.__code__.co_freevars or own.__globals__ is not theirs:
         return False
-    theirs = vars(nn_module)
     for read in sorted(_names_read(code)):
         if read not in theirs and read in made.namespace:
             ledger.set_item(theirs, read, made.namespace[read])
