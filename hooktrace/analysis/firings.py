@@ -11,6 +11,8 @@ from ..kinds import GLOBAL, HOOK, NODE, OPTIMIZER, OPTIMIZER_KINDS, SAVED_TENSOR
 from ..schema import ROOT, Event, Hook, Trace
 from .counts import plural  # noqa: F401  (re-exported for the surprise rules)
 
+MAX_SEQS = 50  # events named per surprise (enough to find them; the count is in the message)
+
 
 def firings(trace: Trace) -> list[list[Event]]:
     """One list per firing of a hook list: consecutive hook events of one (step, phase, module, kind).
@@ -70,6 +72,20 @@ def hook_of(trace: Trace, hook_id: Optional[int]) -> Optional[Hook]:
         return trace.hook(hook_id) if hook_id is not None else None
     except KeyError:
         return None
+
+
+def label(hook: Hook) -> str:
+    return f"`{hook.name}`"
+
+
+def names(items: Iterable[str], most: int = 6) -> str:
+    """`a`, `b` and `c`; past `most`, "... and N more"."""
+    unique = list(dict.fromkeys(items))
+    if len(unique) > most:
+        return ", ".join(unique[:most]) + f" and {len(unique) - most} more"
+    if len(unique) > 1:
+        return ", ".join(unique[:-1]) + f" and {unique[-1]}"
+    return unique[0] if unique else ""
 
 
 def where(path: Optional[str]) -> str:

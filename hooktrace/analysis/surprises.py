@@ -30,38 +30,24 @@ from ..kinds import (
 )
 from ..schema import ROOT, Event, Hook, Surprise, Trace, is_internal_error
 from .accumulating import accumulating
-from .calls import ERROR, KIND, PHASE, RETURNED, Call, in_order
+from .calls import ERROR, KIND, RETURNED, Call, in_order
 from .calls import calls as module_calls
 from .compiled import Graphs, Windows, compiled
-from .firings import firings, hook_of, level_of, on_parameter, place, plural, where
+from .firings import MAX_SEQS, firings, hook_of, label, level_of, names, on_parameter, place, plural, where
 from .identity import identity
 from .never_fired import never_fired
+from .recompute import recompute
 from .training import forward_wrapper, step_in_grad_hook
 
 __all__ = ["RULES", "find_surprises", "is_internal_error", "split_levels"]
 
-MAX_SEQS = 50  # events named per surprise (enough to find them; the count is in the message)
 # what PyTorch uses a hook's return value for, and who sees it then (kinds.TABLE)
 REPLACED = {name: k.returned for name, k in TABLE.items() if k.returned is not None}
-
-
-def label(hook: Hook) -> str:
-    return f"`{hook.name}`"
 
 
 def on(hook: Hook) -> str:
     """What a hook is on: its tensor, its module, or what it fires for (firings.place)."""
     return place(hook)
-
-
-def names(items: Iterable[str], most: int = 6) -> str:
-    """`a`, `b` and `c`; past `most`, "... and N more"."""
-    unique = list(dict.fromkeys(items))
-    if len(unique) > most:
-        return ", ".join(unique[:most]) + f" and {len(unique) - most} more"
-    if len(unique) > 1:
-        return ", ".join(unique[:-1]) + f" and {unique[-1]}"
-    return unique[0] if unique else ""
 
 
 _PREPEND = operator.attrgetter("prepend")
@@ -154,58 +140,6 @@ def prepend_displaced(trace: Trace) -> list[Surprise]:
             )
         )
     return out
-
-
-# -- recompute ----------------------------------------------------------------------------------
-def recompute(trace: Trace) -> list[Surprise]:
-    if RECOMPUTE not in map(PHASE, trace.events):
-        return []
-    events = [e for e in trace.events if e.type == HOOK and e.phase == RECOMPUTE and e.kind in FORWARD_KINDS]
-    if not events:
-        return []
-    hook_ids = sorted({e.hook for e in events if e.hook is not None})
-    modules = names(where(e.module) for e in events)
-    message = (
-        f"forward hooks fired again during backward ({plural(len(events), 'call')} on {modules}): the forward "
-        f"of these modules ran again while autograd's backward ran, as activation checkpointing does, so "
-        f"these hooks saw a second forward in the step."
-    )
-    calls = module_calls(trace)
-    stopped = [c for c in calls if c.phase == RECOMPUTE and c.stopped]
-    seqs = [e.seq for e in events]
-    if stopped:
-        message += (
-            f" PyTorch's checkpoint stopped the recompute early (it raised and caught "
-            f"_StopRecomputationError in {names(where(c.module) for c in stopped)}) once it had what "
-            f"backward needed"
-        )
-        skipped = _did_not_rerun(trace, calls, stopped)
-        if skipped:
-            message += f", so {names(f'{label(h)} (on {on(h)})' for h in skipped)} did not re-run"
-        message += "."
-        seqs += [c.exit for c in stopped if c.exit is not None]
-    return [
-        Surprise("recompute", message, hook_ids, sorted(seqs)[:MAX_SEQS], level=level_of(trace, hook_ids))
-    ]
-
-
-def _did_not_rerun(trace: Trace, calls: list, stopped: list) -> list[Hook]:
-    """Forward-kind hooks that fired inside a module's forward call but not inside its recompute
-    call that PyTorch stopped: only for modules called once in that step's forward (so the two calls
-    are surely the same), and only hooks inside that call (the checkpointed region)."""
-    hook_events = [e for e in trace.events if e.type == HOOK and e.kind in FORWARD_KINDS]
-    missing: dict[int, Hook] = {}
-    for stop in stopped:
-        forward = [c for c in calls if c.phase == FORWARD and c.step == stop.step and c.module == stop.module]
-        if len(forward) != 1 or forward[0].exit is None:
-            continue
-        first = {(e.module, e.hook) for e in hook_events if forward[0].holds(e)}
-        again = {(e.module, e.hook) for e in hook_events if stop.holds(e)}
-        for _module, hid in sorted(first - again, key=lambda k: (str(k[0]), k[1] or -1)):
-            hook = hook_of(trace, hid)
-            if hook is not None:
-                missing.setdefault(hook.id, hook)
-    return list(missing.values())
 
 
 # -- values -------------------------------------------------------------------------------------

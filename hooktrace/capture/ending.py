@@ -1,6 +1,6 @@
 """The end of a capture: one walk over every hook dict, then the snapshot the trace is built from.
 
-The session (capture/session.py) orchestrates; this is what it holds at the end, read once.
+The capture (capture/core.py) orchestrates; this is what it holds at the end, read once.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ _CALL = object()  # the name of an `on_restore` entry: its owner is called
 class Current:
     """What the patched functions report to while a capture is open; None: they pass straight through.
 
-    session: the open capture (`session.Capture`). interceptor: the `registry.Interceptor` that
+    session: the open capture (`core.Capture`). interceptor: the `registry.Interceptor` that
     `register_*` calls report to. callbacks: the capture (or the registration watch before `exec`'s
     window) that autograd-node, saved-tensor and DDP comm registrations report to. viewer,
     on_output, run_compiled: the capture's views of the hook dicts and module-call callbacks

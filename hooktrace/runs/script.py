@@ -28,6 +28,7 @@ from ..options import (
     check_steps,
 )
 from ..schema import Trace
+from . import forks
 from .as_main import MainState, NotFound, check_module, run_main
 from .driver import Result, open_capture, stopped_in
 from .failure import describe_error, failing_event, script_frame
@@ -349,27 +350,6 @@ def _exit_code(exc: SystemExit) -> tuple[int, Optional[str]]:
     return 1, str(code)
 
 
-# The window and the SIGTERM handler of the script this process runs, for `_after_fork_in_child`.
-_RUNNING: list[Any] = []
-_FORK_HANDLER: list[bool] = []
-
-
-def _after_fork_in_child() -> None:
-    """In a child the script forked (`os.fork`, multiprocessing's fork, a DataLoader worker): it is
-    not the traced process. Its window counts no step, stops nothing and writes nothing; SIGTERM is
-    handled as the script left it (multiprocessing's `terminate()` ends a worker as untraced)."""
-    for running in _RUNNING:
-        running.forked = True
-        if isinstance(running, ScriptSignals):
-            running.release()
-
-
-def _watch_forks() -> None:
-    if not _FORK_HANDLER and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-        _FORK_HANDLER.append(True)
-
-
 def run_script(
     script: Script,
     options: ExecOptions,
@@ -392,9 +372,9 @@ def run_script(
     stopped_after: Optional[int] = None
     stop: Optional[BaseException] = None  # where a stop signal landed
     ended_by = "ended"
-    _watch_forks()
+    forks.watch()
     with MainState(script.path, script.module, script.args), ScriptSignals() as sigterm:
-        _RUNNING[:] = [window, sigterm]
+        forks.RUNNING[:] = [window, sigterm]
         try:
             window.install()
             run_main(script.path, script.module)
@@ -418,7 +398,7 @@ def run_script(
             try:
                 result = window.close(ended_by=None if window.state == "closed" else ended_by)
             finally:
-                _RUNNING.clear()
+                forks.RUNNING.clear()
                 window.restore()
     if window.output_error is not None:
         raise window.output_error
