@@ -17,8 +17,13 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGather
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatter
+from torch.distributed.fsdp._fully_shard import _fsdp_api
+
+# FSDP2's custom collectives (`set_custom_all_gather` / `set_custom_reduce_scatter`) are new in torch 2.9
+CUSTOM_COMMS = hasattr(_fsdp_api, "AllGather")
+NO_CUSTOM_COMMS = "FSDP2's set_custom_all_gather / set_custom_reduce_scatter are new in torch 2.9"
+_AllGather: Any = getattr(_fsdp_api, "AllGather", object)
+_ReduceScatter: Any = getattr(_fsdp_api, "ReduceScatter", object)
 
 FSDP_KINDS = ("fsdp_all_reduce", "fsdp_all_gather", "fsdp_reduce_scatter", "fsdp_comm")
 
