@@ -38,9 +38,11 @@ def one_hook_factory(path: Path, hook: str, register: str) -> Path:
     return path
 
 
-def _default_stop_signals() -> None:
-    """In the child: the stop signals as a terminal gives them (the suite may run under `nohup`, whose
-    ignored SIGHUP a launcher keeps by design: then it would not end on the SIGHUP sent here)."""
+def default_stop_signals() -> None:
+    """In the child: the stop signals as a terminal gives them. The suite may run under `nohup` (SIGHUP
+    ignored) or as a background job of a shell without job control (SIGINT and SIGQUIT ignored): a
+    child inherits an ignored signal, and hooktrace keeps it ignored by design, so it would not end
+    on the signal a test sends."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
 
@@ -53,5 +55,5 @@ def hooktrace_process(*args: str, env: dict[str, str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        preexec_fn=_default_stop_signals,
+        preexec_fn=default_stop_signals,
     )

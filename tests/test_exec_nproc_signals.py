@@ -21,6 +21,8 @@ import pytest
 
 import hooktrace
 
+from .rank_factories import default_stop_signals
+
 psutil = pytest.importorskip("psutil")
 
 pytestmark = pytest.mark.slow
@@ -81,7 +83,7 @@ def _start(tmp_path: Path, command: list[str], **env: str) -> tuple[subprocess.P
     (tmp_path / "train.py").write_text(TRAIN)
     proc = subprocess.Popen(
         command, cwd=tmp_path, env={**_env(), **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
+        text=True, start_new_session=True, preexec_fn=default_stop_signals,
     )  # fmt: skip
     seen: dict[int, object] = {}
     deadline = time.monotonic() + 240

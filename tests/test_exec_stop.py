@@ -13,6 +13,8 @@ import pytest
 
 import hooktrace
 
+from .rank_factories import default_stop_signals
+
 THREADED = """
 import threading
 import torch
@@ -39,6 +41,7 @@ print("main done", flush=True)
 
 
 def _hooktrace(*args: str, cwd: Path, **kwargs: object) -> subprocess.CompletedProcess:
+    kwargs.setdefault("preexec_fn", default_stop_signals)  # as from a terminal, under nohup or `&` too
     return subprocess.run(
         [sys.executable, "-m", "hooktrace", *args],
         cwd=cwd, capture_output=True, text=True, timeout=300, **kwargs,  # type: ignore[call-overload]
@@ -89,15 +92,11 @@ def make():
 """
 
 
-def _default_hup() -> None:
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # even when the tests run under nohup
-
-
 def test_sighup_stops_run_with_the_partial_trace(tmp_path: Path) -> None:
     # SIGHUP (the terminal closed, an ssh session dropped) ended `run` with no trace, where SIGINT and
     # SIGTERM keep the partial one.
     (tmp_path / "hup.py").write_text(SIGNALLED_FACTORY)
-    done = _hooktrace("run", "hup.py", "--steps", "5", "-o", "t.json", cwd=tmp_path, preexec_fn=_default_hup)
+    done = _hooktrace("run", "hup.py", "--steps", "5", "-o", "t.json", cwd=tmp_path)
     assert done.returncode == 128 + signal.SIGHUP, done.stderr
     assert "stopped by SIGHUP: the trace above is partial" in done.stderr
     trace = hooktrace.load(tmp_path / "t.json")
@@ -107,9 +106,7 @@ def test_sighup_stops_run_with_the_partial_trace(tmp_path: Path) -> None:
 def test_sighup_stops_exec_with_the_partial_trace(tmp_path: Path) -> None:
     scripts = Path(__file__).parent / "scripts"
     out = tmp_path / "t.json"
-    done = _hooktrace(
-        "exec", "--steps", "5", "-o", str(out), "signals.py", "SIGHUP", cwd=scripts, preexec_fn=_default_hup
-    )
+    done = _hooktrace("exec", "--steps", "5", "-o", str(out), "signals.py", "SIGHUP", cwd=scripts)
     assert done.returncode == 128 + signal.SIGHUP, done.stderr
     assert "not stopped" not in done.stdout
     assert "stopped by SIGHUP: the trace above is partial" in done.stderr
