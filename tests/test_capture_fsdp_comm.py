@@ -285,5 +285,58 @@ def test_exec_traces_fsdp_imported_by_the_script(tmp_path: Path, start: str) -> 
     lines = script.read_text().splitlines()
     setters = {f"fsdp_exec.py:{n}" for n, line in enumerate(lines, 1) if ".set_all_reduce_hook(" in line}
     registered = {(trace.hook(e.hook).registered_at or "").rsplit("/", 1)[-1] for e in events}
-    # seen from the window's start; a hook set before a later window has no call site (docs/capture.md)
-    assert registered == (setters if start == "0" else {""})
+    # seen by the capture (window at step 0), or by exec's registration watch before a later window
+    assert registered == setters
+
+
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`:UserWarning")  # one rank
+@pytest.mark.parametrize("version", ["fsdp2", "fsdp1"])
+def test_the_registration_watch_tells_where_fsdp_hooks_were_set_before_the_window(
+    gloo_one_rank: None, version: str
+) -> None:
+    """`hooktrace exec` and `run --warmup` watch registrations before the window opens (nothing
+    wrapped but the registration calls): FSDP's setters among them, so a hook set then has its call
+    site in the trace, and its calls in the window are its own record. Without the watch (a hook set
+    before a `hooktrace.trace()` block) there is no call site: the nearest case."""
+    from hooktrace.capture.session import TraceSession
+    from hooktrace.capture.steps import Registrations, open_after
+
+    def run(watched: bool) -> tuple[list[str], Any]:
+        torch.manual_seed(0)
+        log: list[str] = []
+        registrations = Registrations()
+        if watched:
+            registrations.install()  # before FSDP wraps the model, as exec does from the script's start
+        try:
+            m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+            if version == "fsdp2":
+                fully_shard(m[0])
+                fully_shard(m)
+                m.set_all_reduce_hook(named(log, "set_here"))
+            else:
+                cpu = torch.device("cpu")
+                m[0] = FSDP(m[0], device_id=cpu)
+                m = FSDP(m, device_id=cpu)
+                m.register_comm_hook(None, lambda state, grad: log.append("set_here"))
+            session = TraceSession(m)
+            if watched:
+                open_after(registrations, session)
+            else:
+                session.__enter__()
+            try:
+                m(torch.randn(3, 4)).sum().backward()
+            finally:
+                session.__exit__(None, None, None)
+        finally:
+            registrations.restore()
+        return log, session.trace
+
+    lines = Path(__file__).read_text().splitlines()
+    setter = ".set_all_reduce_hook(" if version == "fsdp2" else ".register_comm_hook(None"
+    [line] = [n for n, text in enumerate(lines, 1) if f"m{setter}" in text and "set_here" in text]
+    for watched in (True, False):
+        log, trace = run(watched)
+        events = [e for e in trace.hook_events() if e.kind in FSDP_KINDS]
+        assert len(events) == len(log) > 0
+        sites = {trace.hook(e.hook).registered_at for e in events}
+        assert sites == ({f"{HERE}:{line}"} if watched else {None})

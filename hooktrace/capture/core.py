@@ -129,10 +129,13 @@ class Capture:
             with gc_paused():
                 roots.record_held(self._book, self._rec, self._paths, model, self.comm_hook, self._kept)
 
-    def known_sites(self, found: dict[int, Site]) -> None:
+    def known_sites(self, found: dict[int, Site], fsdp_found: Optional[dict[Any, Any]] = None) -> None:
         """Call sites of hooks registered before this capture (`hooktrace exec` watches registrations
-        from the script's first line): hooks with these handle ids get them. Before the block."""
+        from the script's first line): hooks with these handle ids get them, and FSDP's hooks in
+        `fsdp_found` (capture/steps.py `Registrations.fsdp_sites`). Before the block."""
         self._book.sites.update(found)
+        if fsdp_found:
+            self._book.fsdp_sites.update(fsdp_found)
 
     def adopt_tensor(self, tensor: Any) -> None:
         """Trace the hooks a tensor got before the block (as for a module's input, `_on_input`)."""

@@ -157,7 +157,7 @@ class Tracer:
     def hook_id(self, kind: str, module: Any, hook: Any, frame: Optional[types.FrameType] = None) -> int:
         """The trace id of `hook` that FSDP `module` holds (registered from `frame`, when known)."""
         key = (kind, None if module is None else self._book.rec.key(module), id(hook))
-        site = self._site_of(frame) if frame is not None else None
+        site = self._site_of(frame) if frame is not None else self._site_before(kind, module, hook)
         with self._lock:
             entry = self._ids.get(key)
             if entry is not None and entry[0] is hook and entry[1] in self._book.records:
@@ -165,6 +165,13 @@ class Tracer:
             tid = self._book.api_record(hook, kind, module, MODULE, site)
             self._ids[key] = (hook, tid, None if module is None else weak(module))
             return tid
+
+    def _site_before(self, kind: str, module: Any, hook: Any) -> Any:
+        """Where `hook` was set for `module` before the block, if a registration watch saw it."""
+        known = self._book.fsdp_sites.get((kind, id(module), id(hook)))
+        if known is not None and known[0] is hook and known[1]() is module:
+            return known[2]
+        return None
 
     def recorded(self, hook: Any, kind: str, module: Any) -> Callable[..., Any]:
         """`hook`, calling which records one event of `kind` on `module` (a stand-in for one call of FSDP's)."""
@@ -257,10 +264,7 @@ class Tracer:
                 ("foreach_reduce", "reduce_scatter_comm"),
             ):
                 ledger.set(group, name, self._foreach(getattr(group, name), comm))
-            cls = fully.FSDPModule
-            for setter, _attr, kind in _FSDP2:
-                if setter in vars(cls):
-                    ledger.set(cls, setter, self._setter(vars(cls)[setter], kind))
+            _watch_fsdp2_setters(ledger, fully.FSDPModule, self._set)
         runtime, fsdp1 = sys.modules.get(_RUNTIME), sys.modules.get(_FSDP1)
         if "fsdp1" not in self._patched and runtime is not None and fsdp1 is not None:
             self._patched.add("fsdp1")
@@ -270,7 +274,7 @@ class Tracer:
                 ledger.set(runtime, _COMM_NAME, self._fsdp1_comm)
                 for name, copy in copies.items():
                     ledger.set(runtime, name, copy)
-                ledger.set(cls, "register_comm_hook", self._fsdp1_register(vars(cls)["register_comm_hook"]))
+                _watch_fsdp1_register(ledger, cls, self._set)
         self.pending = len(self._patched) < 2
 
     def _foreach(self, original: Callable[..., Any], comm_name: str) -> Callable[..., Any]:
@@ -297,28 +301,10 @@ class Tracer:
 
         return foreach
 
-    def _setter(self, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def setter(module: Any, hook: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(module, hook, *args, **kwargs)
-            if self._tracing() and not _is_default(hook):
-                self.hook_id(kind, module, hook, sys._getframe(1))
-            return result
-
-        return setter
-
-    def _fsdp1_register(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def register_comm_hook(root: Any, state: Any, hook: Any) -> Any:
-            result = original(root, state, hook)
-            if self._tracing():
-                frame = sys._getframe(1)
-                for module in root.fsdp_modules(root):
-                    if getattr(module, "_comm_hook", None) is hook:
-                        self.hook_id(K.fsdp_comm, module, hook, frame)
-            return result
-
-        return register_comm_hook
+    def _set(self, kind: str, module: Any, hook: Any, frame: types.FrameType) -> None:
+        """FSDP was given `hook` for `module` (a setter called from `frame`)."""
+        if self._tracing():
+            self.hook_id(kind, module, hook, frame)
 
     def _fsdp1_comm(self, state: Any) -> Any:
         """What FSDP1's copied code calls for `state._comm_hook(...)`."""
@@ -326,6 +312,61 @@ class Tracer:
         if hook is None or not self._tracing():
             return hook
         return self.recorded(hook, K.fsdp_comm, state if isinstance(state, torch.nn.Module) else None)
+
+
+# what a setter wrapper tells: (kind, FSDP module, hook, the caller's frame), after FSDP's own setter ran
+SetCallback = Callable[[str, Any, Any, types.FrameType], None]
+
+
+def _watch_fsdp2_setters(ledger: Ledger, cls: Any, on_set: SetCallback) -> None:
+    """Wrap FSDP2's setters on `cls` (FSDPModule): FSDP's own, then `on_set` for a hook (not a default)."""
+    for name, _attr, kind in _FSDP2:
+        original = vars(cls).get(name)
+        if original is not None:  # torch 2.8 has no custom collectives
+            ledger.set(cls, name, _watched_setter(original, kind, on_set))
+
+
+def _watched_setter(original: Callable[..., Any], kind: str, on_set: SetCallback) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def setter(module: Any, hook: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(module, hook, *args, **kwargs)
+        if not _is_default(hook):
+            on_set(kind, module, hook, sys._getframe(1))
+        return result
+
+    return setter
+
+
+def _watch_fsdp1_register(ledger: Ledger, cls: Any, on_set: SetCallback) -> None:
+    """Wrap FSDP1's `register_comm_hook` on `cls`: FSDP's own, then `on_set` for each FSDP module
+    under the root that now holds the hook."""
+    original = vars(cls)["register_comm_hook"]
+
+    @functools.wraps(original)
+    def register_comm_hook(root: Any, state: Any, hook: Any) -> Any:
+        result = original(root, state, hook)
+        frame = sys._getframe(1)
+        for module in root.fsdp_modules(root):
+            if getattr(module, "_comm_hook", None) is hook:
+                on_set(K.fsdp_comm, module, hook, frame)
+        return result
+
+    ledger.set(cls, "register_comm_hook", register_comm_hook)
+
+
+def watch_before(ledger: Ledger, done: set[str], on_set: SetCallback) -> bool:
+    """Before a capture (`hooktrace exec`'s registration watch): wrap FSDP's setters imported now and
+    not in `done` (which gets "fsdp2" / "fsdp1"), so where each hook was set is known to the capture
+    (`HookBook.fsdp_sites`). True while some of FSDP is not watched yet."""
+    fully, fsdp1 = sys.modules.get(_FULLY_SHARD), sys.modules.get(_FSDP1)
+    if "fsdp2" not in done and fully is not None:
+        done.add("fsdp2")
+        _watch_fsdp2_setters(ledger, fully.FSDPModule, on_set)
+    if "fsdp1" not in done and fsdp1 is not None:
+        done.add("fsdp1")
+        if "register_comm_hook" in vars(fsdp1.FullyShardedDataParallel):
+            _watch_fsdp1_register(ledger, fsdp1.FullyShardedDataParallel, on_set)
+    return len(done) < 2
 
 
 def on_module_hook(book: Any) -> None:

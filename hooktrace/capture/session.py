@@ -66,9 +66,9 @@ class TraceSession:
         """With no model: the live modules of the outermost calls so far (`Capture.live_roots`)."""
         return self._capture.live_roots()
 
-    def known_sites(self, found: dict[int, Site]) -> None:
+    def known_sites(self, found: dict[int, Site], fsdp_found: Optional[dict[Any, Any]] = None) -> None:
         """Call sites of hooks registered before the block (`Capture.known_sites`)."""
-        self._capture.known_sites(found)
+        self._capture.known_sites(found, fsdp_found)
 
     def mark_step(self) -> None:
         """Start the next step: later events carry `step + 1`."""

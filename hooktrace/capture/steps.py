@@ -26,7 +26,7 @@ import torch
 import torch.autograd
 
 from ..options import STEP_BACKWARD, STEP_FORWARD, STEP_ON, STEP_OPTIMIZER
-from . import autograd, dicts, optim, registry, shims, sites
+from . import autograd, dicts, fsdp, optim, registry, shims, sites
 from .ledger import CURRENT, Ledger
 from .records import Site
 from .views import _is_compiling
@@ -159,6 +159,11 @@ class Registrations:
         # autograd nodes that got hooks (an AccumulateGrad's outlive a step): id(dict) -> (weakref
         # to the node's hook dict, kind, weakref to the node's variable or None)
         self.node_dicts: dict[int, tuple[Any, str, Any]] = {}
+        # FSDP hooks set here: (kind, id(module), id(hook)) -> (hook, weakref to the module, site);
+        # FSDP's setters are watched once it is imported and a module registers a hook (fully_shard does)
+        self.fsdp_sites: dict[tuple[str, int, int], tuple[Any, Any, Site]] = {}
+        self._fsdp_watched: set[str] = set()
+        self._fsdp_pending = True
 
     def install(self) -> None:
         ledger = self._ledger
@@ -171,12 +176,24 @@ class Registrations:
             if dist is not None and original is not None:
                 ledger.set(dist, "_register_comm_hook", self._comm_patch(original))
             autograd.watch_node_hooks(self, ledger)
+            self._fsdp_pending = fsdp.watch_before(ledger, self._fsdp_watched, self._on_fsdp_set)
         except BaseException:
-            ledger.restore()
+            self.pause()
             raise
 
     def pause(self) -> None:
         self._ledger.restore()
+        self._fsdp_watched.clear()
+        self._fsdp_pending = True
+
+    def _on_fsdp_set(self, kind: str, module: Any, hook: Any, frame: Any) -> None:
+        if _is_compiling():
+            return
+        try:
+            ref = weakref.ref(module)
+        except TypeError:
+            return
+        self.fsdp_sites[(kind, id(module), id(hook))] = (hook, ref, self._site(frame))
 
     def on_node_hook(self, d: dict, handle: Any, kind: str, node: Any, frame: Any) -> None:
         """A hook registered on an autograd node (capture/autograd.py calls this): where, and the
@@ -213,6 +230,8 @@ class Registrations:
 
     def _on_register(self, handle: Any, kind: str, owner: Any, arguments: dict, frame: Any) -> None:
         self.sites[handle.id] = self._site(frame, bool(arguments.get("prepend", False)))
+        if self._fsdp_pending and isinstance(owner, torch.nn.Module):  # FSDP imported since?
+            self._fsdp_pending = fsdp.watch_before(self._ledger, self._fsdp_watched, self._on_fsdp_set)
         if kind in _TENSOR_KINDS and isinstance(owner, torch.Tensor):
             try:
                 self.tensors[id(owner)] = owner
@@ -234,7 +253,7 @@ def open_after(registrations: Registrations, session: Any) -> None:
     the tensors that got hooks and the DDP comm hooks, and sees registrations itself from now on.
     `hooktrace exec` at its window and `hooktrace run --warmup` after the warm-up steps."""
     registrations.pause()
-    session.known_sites(dict(registrations.sites))
+    session.known_sites(dict(registrations.sites), dict(registrations.fsdp_sites))
     session.__enter__()
     capture = session._capture  # what the session's capture takes over, not the public session's
     try:
