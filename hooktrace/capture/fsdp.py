@@ -8,8 +8,9 @@
   wrappers that pass the same arguments on, the hook and a custom comm handed over as recording
   stand-ins (a comm's `allocate` and every other attribute are the comm's own). The event's module
   is the FSDP module of the param group that called (the caller's `self`). FSDP's default comms are
-  no hooks. On a one-rank group FSDP2 runs no all-gather or reduce-scatter collective (it copies):
-  a custom one is then never called (its `allocate` is, which is no event).
+  no hooks. On a one-rank group FSDP2 runs no all-gather or reduce-scatter collective (it copies;
+  torch 2.9 still calls the reduce-scatter there): a custom one is then never called (its
+  `allocate` is, which is no event). The custom collectives are new in torch 2.9.
 - FSDP1 (`FullyShardedDataParallel.register_comm_hook`, kind `fsdp_comm`): every FSDP instance under
   the root holds the hook as `_comm_hook`, and `_reduce_grad` / `_reduce_grad_no_shard` call
   `state._comm_hook(...)`. For the block those two are copies made from their source with that one
