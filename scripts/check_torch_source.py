@@ -39,7 +39,7 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
 
 from hooktrace import kinds
-from hooktrace.capture import compiled, dicts, optim, registry, views
+from hooktrace.capture import compiled, dicts, dynamo, optim, registry, views
 
 MODULE_PY = "torch/nn/modules/module.py"
 OPTIMIZER_PY = "torch/optim/optimizer.py"
@@ -85,7 +85,7 @@ DYNAMO_NAMES: list[tuple[str, str]] = [
     ("torch/_dynamo/compiled_autograd.py", "AutogradCompilerInstance.end_capture"),
     ("torch/_dynamo/external_utils.py", "call_hook"),
     ("torch/fx/_lazy_graph_module.py", "_LazyGraphModule.force_recompile"),
-    *(("torch/_dynamo/variables/nn_module.py", name) for name in sorted(compiled._MODULE_VARIABLES)),
+    *(("torch/_dynamo/variables/nn_module.py", name) for name in sorted(dynamo.MODULE_VARIABLES)),
     ("torch/_dynamo/variables/nn_module.py", "unpatched_nn_module_call"),
     ("torch/_C/_dynamo/eval_frame.pyi", "set_code_exec_strategy"),
     ("torch/_C/_dynamo/eval_frame.pyi", "_FrameExecStrategy"),
@@ -96,7 +96,7 @@ DYNAMO_NAMES: list[tuple[str, str]] = [
 # on: True all through a compile), else by Dynamo's CompileContext as well: one of the two
 COMPILE_MARK = ("torch/compiler/__init__.py", "_compile_session_context")
 COMPILE_CONTEXT = ("torch/_guards.py", "CompileContext.try_get")
-# attributes compiled.py's `_footprint` reads of an OutputGraph's side effects, set in SideEffects.__init__
+# attributes dynamo.py's `footprint` reads of an OutputGraph's side effects, set in SideEffects.__init__
 DYNAMO_ATTRS: list[tuple[str, str]] = [
     ("torch/_dynamo/side_effects.py", attr)
     for attr in ("id_to_variable", "store_attr_mutations", "tensor_hooks")

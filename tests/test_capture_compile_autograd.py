@@ -128,3 +128,67 @@ def test_an_eager_capture_does_not_import_dynamo(tmp_path: Any) -> None:
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def _compiled_before(when: str) -> dict[str, Any]:
+    """Three backward passes under compiled autograd, the same autograd graph each time (PyTorch
+    compiles it at the first two and reuses the second's). `when`: "before" (the first two
+    untraced: the graph the third runs was compiled before any capture), "inside" (all three in one
+    block each), "earlier" (the second in an earlier capture); "untraced" (none traced)."""
+    dynamo.reset()
+    counters.clear()
+    log: list[str] = []
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    m[0].register_full_backward_hook(_labelled(log, "backward_0"))
+    m[2].weight.register_hook(_labelled(log, "grad_w2"))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
+
+    def step() -> None:
+        out = m(x)
+        with compiled_autograd._enable(torch.compile(backend="eager")):
+            out.sum().backward()
+
+    traced = {"before": (2,), "inside": (0, 1, 2), "earlier": (1, 2), "untraced": ()}[when]
+    trace = None
+    for i in range(3):
+        with hooktrace.trace(m) if i in traced else contextlib.nullcontext() as t:
+            step()
+        if i == 2 and i in traced:
+            trace = t.trace
+    return {
+        "dynamo": (dict(counters["frames"]), dict(counters["stats"]), dict(counters["compiled_autograd"])),
+        "log": log,
+        "grads": [x.grad, *(p.grad for p in m.parameters())],
+        "trace": trace,
+    }
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # the full-backward-hook warning (x needs grad)
+@pytest.mark.parametrize("when", ["before", "inside", "earlier"])
+def test_a_compiled_autograd_graph_compiled_before_tracing_is_said_not_guessed(
+    when: str, no_global_hooks: None
+) -> None:
+    """A backward graph that compiled autograd compiled before any capture is reused from PyTorch's
+    cache: its hooks run inside it and hooktrace, which reads a graph's hooks when it is compiled,
+    cannot see them. never-fired said "no backward hook fired at all, so the trace does not show
+    whether a backward pass ran" (one did); it now names that graph. The nearest cases: the graph
+    compiled inside the block, or in an earlier capture, whose runs are traced, with no such reason."""
+    plain, traced = _compiled_before("untraced"), _compiled_before(when)
+    assert plain["dynamo"] == traced["dynamo"] and plain["log"] == traced["log"]
+    # compiled at the first two backward passes (the second with dynamic sizes), reused at the third
+    assert plain["dynamo"][2]["captures"] == 2
+    for a, b in zip(plain["grads"], traced["grads"]):
+        assert torch.equal(a, b)
+    trace = traced["trace"]
+    names = [trace.hook(e.hook).name for e in trace.hook_events()]
+    silent = [s for s in trace.surprises if s.rule == "never-fired"]
+    if when == "before":
+        assert names == []
+        [said] = silent
+        assert said.level == "info"
+        assert compiled.UNSEEN_GRAPH in said.message and "whether a backward pass ran" not in said.message
+        assert {trace.hook(h).name for h in said.hooks} == {"backward_0", "grad_w2"}
+    else:
+        assert sorted(names) == sorted(plain["log"][-2:]) == ["backward_0", "grad_w2"]
+        assert not silent

@@ -269,10 +269,10 @@ def _backward_reason(facts: _Facts, hook: Hook) -> Optional[tuple[str, str]]:
         )
     if backward == "no-grad":
         return "backward was skipped: nothing in the output required grad", "warn"
-    if facts.unseen_backward is not None:  # the driver saw a backward run in the window, untraced
+    if facts.unseen_backward is not None:  # a backward ran in the capture, untraced
         return (
-            f"{facts.unseen_backward} ran inside the window untraced, so {{its}} calls there, if any, were "
-            "not seen, and no traced backward called it",
+            f"{facts.unseen_backward}, so {{its}} calls there, if any, were not seen, and no traced "
+            "backward called it",
             "info",
         )
     if facts.backward_ran is None:

@@ -66,6 +66,8 @@ class Pending:
     shapes: Optional[list[tuple]] = None  # Recorder.shapes: (seq, received, returned) with --shapes
     # compiled.Runs.runs: each run of a compiled graph (Dynamo's forward graphs, compiled autograd's)
     graph_runs: list[tuple] = dataclasses.field(default_factory=list)
+    # a backward pass the capture saw run untraced (compiled.UNSEEN_GRAPH), for never-fired
+    unseen_backward: Optional[str] = None
     # compiled.Forward.graphs: (seq at compile, hook ids Dynamo compiled into the graph, in order)
     # None: not known (Dynamo was not patched)
     compiled_graphs: Optional[list[tuple[int, tuple[int, ...]]]] = dataclasses.field(default_factory=list)

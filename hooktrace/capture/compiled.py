@@ -44,6 +44,7 @@ from . import dynamo, hookapis, shims, sites
 from .build import ONLY_AS_PYTHON
 from .ledger import CURRENT, Ledger
 from .ranges import graph_label
+from .views import _is_compiling
 
 # One run of a compiled graph: (enter seq, exit seq, thread, start and end perf_counter_ns, graph
 # number, backward (compiled autograd's) or not, ((hook id, module key or None), ...) in the order
@@ -52,6 +53,14 @@ Run = tuple[int, int, int, int, int, int, bool, tuple[tuple[int, Optional[int]],
 # (hook id, weak reference to the module it is called for, or None), as compiled into a graph
 Compiled = tuple[tuple[int, Any], ...]
 _NUMBERS = itertools.count(1)  # the graphs hooktrace saw compiled, numbered in the process
+# calls of the compiled-autograd graphs whose compile hooktrace saw (with hooks or without), in the
+# process: a backward under compiled autograd that calls none of them ran a graph compiled before
+_SEEN_BACKWARD_CALLS = [0]
+# what `never-fired` says of a backward hook that may have run in such a graph
+UNSEEN_GRAPH = (
+    "a backward graph that compiled autograd compiled before tracing began ran inside the trace "
+    "(hooktrace reads a graph's hooks when it is compiled)"
+)
 
 
 class Runs:
@@ -224,6 +233,7 @@ class Installed:
 
     def __init__(self, rec: shims.Recorder, ledger: Ledger) -> None:
         self.note: Optional[str] = None
+        self.unseen = 0  # backward passes that ran a compiled-autograd graph compiled before (not seen)
         if "torch._dynamo" not in sys.modules:
             return  # never imports Dynamo: compiled autograd needs it imported before backward runs
         try:
@@ -247,14 +257,21 @@ class Installed:
 
         def end_capture(instance: Any, outputs: Any) -> Any:
             runtime_wrapper, compiled = original(instance, outputs)
-            slots = _hook_slots(instance.fx_tracer.graph, call_hook)
-            if not slots or not dynamo.signature_is(runtime_wrapper, _RUNTIME_PARAMS):
-                return runtime_wrapper, compiled
+            known = dynamo.signature_is(runtime_wrapper, _RUNTIME_PARAMS)
+            slots = _hook_slots(instance.fx_tracer.graph, call_hook) if known else []
+            if not slots:  # no hook in it (or a runtime this does not read): its runs are only counted
+
+                def hooktrace_compiled_backward_counted(*args: Any, **kwargs: Any) -> Any:
+                    _SEEN_BACKWARD_CALLS[0] += 1
+                    return runtime_wrapper(*args, **kwargs)
+
+                return hooktrace_compiled_backward_counted, compiled
             number, profiler = next(_NUMBERS), torch.autograd.profiler
 
             def hooktrace_compiled_backward(
                 compiled_fn: Any, inputs: Any, sizes: Any, scalars: Any, hooks: Any, packed_inputs: Any
             ) -> Any:
+                _SEEN_BACKWARD_CALLS[0] += 1
                 runs = CURRENT.graph_runs
                 if runs is None:
                     return runtime_wrapper(compiled_fn, inputs, sizes, scalars, hooks, packed_inputs)
@@ -269,6 +286,25 @@ class Installed:
 
         end_capture.__wrapped__ = original  # type: ignore[attr-defined]
         ledger.set(cls, "end_capture", end_capture)
+        ledger.claim("around_backward", self.around_backward, "backward watch")
+
+    def around_backward(self, run: Callable[..., Any], engine: Any, args: Any, kwargs: Any) -> Any:
+        """One backward pass (the engine's `run_backward`): under compiled autograd, when it calls
+        no graph whose compile hooktrace saw, it ran one compiled before (cached by PyTorch, hooks
+        inside): counted in `unseen`, which `never-fired` names."""
+        ca = sys.modules.get("torch._dynamo.compiled_autograd")
+        if (
+            ca is None
+            or not getattr(ca, "compiled_autograd_enabled", False)
+            or getattr(ca, "compiled_autograd_enabled_force_eager", False)
+            or _is_compiling()
+        ):
+            return run(engine, *args, **kwargs)
+        before = _SEEN_BACKWARD_CALLS[0]
+        result = run(engine, *args, **kwargs)
+        if _SEEN_BACKWARD_CALLS[0] == before:
+            self.unseen += 1
+        return result
 
 
 # Compiled forward: the hooks Dynamo inlines into a graph, in program order.
@@ -383,13 +419,13 @@ class Forward:
                 setattr(output, _INLINED, inlined)
             start = len(inlined)
             inlined.extend(found)
-            before = _footprint(output)
+            before = dynamo.footprint(output)
             try:
                 result = inline_fn(cls, parent, func, args, kwargs, *rest, **more)
             except BaseException:
                 del inlined[start:]
                 raise
-            after = _footprint(output)
+            after = dynamo.footprint(output)
             if before is not None and after is not None:
                 first = found[0]
                 effects.setdefault(first[0] if isinstance(first, tuple) else first, []).append(
@@ -420,7 +456,7 @@ class Forward:
         object's `self`)."""
         import torch.nn.modules.module as nn_module
 
-        module = next((m for m in (_module_of(parent, a) for a in args[:4]) if m is not None), None)
+        module = next((m for m in (dynamo.module_of(parent, a) for a in args[:4]) if m is not None), None)
         found: list[tuple[int, Any, Any]] = []
         ref = None if module is None else weakref.ref(module)
         dicts_of: list[tuple[Any, str]] = [
@@ -436,49 +472,3 @@ class Forward:
                     found.append((self._trace_id(d, hid), hook, ref))
                     return found  # one inline is one call of one hook
         return found
-
-
-def _footprint(output: Any) -> Optional[tuple[int, tuple[tuple[int, int], ...], int]]:
-    """What an OutputGraph holds that an inlined hook can add to: its FX nodes, the Python objects
-    Dynamo will mutate after the graph runs (each with its length: a list appended to again), the
-    attribute stores it will replay; None when this Dynamo keeps them otherwise."""
-    try:
-        effects = output.side_effects
-        modified = tuple(
-            (id(var), len(getattr(var, "items", ())))
-            for var in list(effects.id_to_variable.values())
-            if effects.is_modified(var)
-        )
-        stores = sum(len(d) for d in effects.store_attr_mutations.values())
-        return len(output.graph.nodes), modified, stores + len(effects.tensor_hooks)
-    except Exception:  # noqa: BLE001 - reading Dynamo's state must never fail its compile
-        return None
-
-
-_MODULE_VARIABLES = frozenset(
-    {
-        "NNModuleVariable",
-        "UnspecializedNNModuleVariable",
-        "UnspecializedBuiltinNNModuleVariable",
-        "FSDPManagedNNModuleVariable",
-    }
-)
-
-
-def _module_of(parent: Any, var: Any) -> Any:
-    """The module a VariableTracker stands for (a specialized or unspecialized module), or None.
-    Only module variables are read: other trackers' attributes may ask Dynamo for constants."""
-    import torch
-
-    if type(var).__name__ not in _MODULE_VARIABLES:
-        return None
-    value = vars(var).get("value")
-    if isinstance(value, torch.nn.Module):
-        return value
-    key = getattr(var, "module_key", None)
-    if isinstance(key, str):
-        try:
-            return parent.output.get_submodule(key)
-        except (AttributeError, KeyError):
-            return None
-    return None

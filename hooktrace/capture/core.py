@@ -235,6 +235,8 @@ class Capture:
                 )
                 if self._graph_runs is not None:
                     self.pending.graph_runs = self._graph_runs.runs
+                if self._compiled is not None and self._compiled.unseen:
+                    self.pending.unseen_backward = compiled.UNSEEN_GRAPH
                 f = self._forward_compiled
                 if f is not None:
                     self.pending.compiled_graphs = f.graphs if f.installed and f.note is None else None

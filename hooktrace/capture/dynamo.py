@@ -22,7 +22,8 @@ Dynamo traces a compiled frame it still inlines the wrapper, which hands it PyTo
 Two more things Dynamo reads are kept as untraced: `same_short_cut` names the call wrapper as
 Dynamo's `unpatched_nn_module_call` (its test for a module it may call without inlining
 `_call_impl`), and `signature_is` reads the parameters of the Dynamo functions capture/compiled.py
-patches, once per process.
+patches, once per process. `footprint` and `module_of` read what an inlined hook added to a graph
+and which module a Dynamo variable stands for (capture/compiled.py `Forward`), never failing a compile.
 """
 
 from __future__ import annotations
@@ -199,3 +200,47 @@ def _parameters(fn: Any) -> Optional[list[str]]:
     except TypeError:  # no weak reference: read each time
         pass
     return names
+
+
+def footprint(output: Any) -> Optional[tuple[int, tuple[tuple[int, int], ...], int]]:
+    """What an OutputGraph holds that an inlined hook can add to: its FX nodes, the Python objects
+    Dynamo will mutate after the graph runs (each with its length: a list appended to again), the
+    attribute stores it will replay; None when this Dynamo keeps them otherwise."""
+    try:
+        effects = output.side_effects
+        modified = tuple(
+            (id(var), len(getattr(var, "items", ())))
+            for var in list(effects.id_to_variable.values())
+            if effects.is_modified(var)
+        )
+        stores = sum(len(d) for d in effects.store_attr_mutations.values())
+        return len(output.graph.nodes), modified, stores + len(effects.tensor_hooks)
+    except Exception:  # noqa: BLE001 - reading Dynamo's state must never fail its compile
+        return None
+
+
+MODULE_VARIABLES = frozenset(
+    {
+        "NNModuleVariable",
+        "UnspecializedNNModuleVariable",
+        "UnspecializedBuiltinNNModuleVariable",
+        "FSDPManagedNNModuleVariable",
+    }
+)
+
+
+def module_of(parent: Any, var: Any) -> Any:
+    """The module a VariableTracker stands for (a specialized or unspecialized module), or None.
+    Only module variables are read: other trackers' attributes may ask Dynamo for constants."""
+    if type(var).__name__ not in MODULE_VARIABLES:
+        return None
+    value = vars(var).get("value")
+    if isinstance(value, torch.nn.Module):
+        return value
+    key = getattr(var, "module_key", None)
+    if isinstance(key, str):
+        try:
+            return parent.output.get_submodule(key)
+        except (AttributeError, KeyError):
+            return None
+    return None

@@ -30,16 +30,19 @@ import torch
 
 from ..kinds import ENGINE, TENSOR, K
 from . import sites
-from .ledger import Ledger
+from .ledger import CURRENT, Ledger
 from .views import _is_compiling
 
 _VARIABLE: Any = torch.autograd.Variable
 _ENGINE_TYPE: type = type(_VARIABLE._execution_engine)
 _QUEUE: Callable[..., Any] = _ENGINE_TYPE.queue_callback  # type: ignore[attr-defined]
+_RUN_BACKWARD: Callable[..., Any] = _ENGINE_TYPE.run_backward  # type: ignore[attr-defined]
 
 
 class _TracingEngine(_ENGINE_TYPE):
-    """The engine while a capture is open: its `queue_callback` queues a recording shim."""
+    """The engine while a capture is open: its `queue_callback` queues a recording shim; its
+    `run_backward` (every `backward()` and `autograd.grad`) is PyTorch's, passed through
+    CURRENT.around_backward when a capture watches compiled autograd (capture/compiled.py)."""
 
     __slots__ = ("tracer",)
 
@@ -49,8 +52,15 @@ class _TracingEngine(_ENGINE_TYPE):
             callback = tracer.final_callback(callback, sys._getframe(1))
         return _QUEUE(self, callback)
 
+    def run_backward(self, *args: Any, **kwargs: Any) -> Any:
+        around = CURRENT.around_backward
+        if around is None:
+            return _RUN_BACKWARD(self, *args, **kwargs)
+        return around(_RUN_BACKWARD, self, args, kwargs)
+
 
 _TracingEngine.queue_callback.__doc__ = getattr(_QUEUE, "__doc__", None)
+_TracingEngine.run_backward.__doc__ = getattr(_RUN_BACKWARD, "__doc__", None)
 
 
 def callback_key(callback: Any) -> tuple[str, Optional[str]]:

@@ -40,6 +40,7 @@ class Current:
         "run_compiled",
         "on_step_end",
         "graph_runs",
+        "around_backward",
         "on_capture",
     )
 
@@ -52,6 +53,7 @@ class Current:
         self.run_compiled: Optional[Callable[..., Any]] = None
         self.on_step_end: Optional[Callable[[], None]] = None
         self.graph_runs: Optional[Callable[..., Any]] = None  # compiled.Runs.run
+        self.around_backward: Optional[Callable[..., Any]] = None  # compiled.Installed.around_backward
         self.on_capture: Optional[Callable[[Any, bool], None]] = None
 
 

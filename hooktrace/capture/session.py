@@ -105,7 +105,7 @@ class TraceSession:
                         replaced_nodes=pending.replaced_nodes,
                         replaced_params=pending.replaced_params,
                         compiled_graphs=build.compiled_graphs(pending),
-                        unseen_backward=self.unseen_backward,
+                        unseen_backward=self.unseen_backward or pending.unseen_backward,
                     )
             self._trace = trace
             self._capture.pending = None

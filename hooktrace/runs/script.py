@@ -280,7 +280,9 @@ class _Window:
         rank, world = _rank_meta()
         session.set_meta(target=self.script.label, rank=rank, world_size=world, warmup=self.options.start)
         if self.earlier_backward:
-            session.unseen_backward = f"the backward of step {self.options.start - 1}'s forward"
+            session.unseen_backward = (
+                f"the backward of step {self.options.start - 1}'s forward ran inside the window untraced"
+            )
         notes = self._notes(ended_by)
         return Result(trace=session.trace, label=self.script.label, notes=notes, steps_ended=self.ended)
 
