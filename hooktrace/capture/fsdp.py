@@ -170,7 +170,7 @@ class Tracer:
     def _site_before(self, kind: str, module: Any, hook: Any) -> Any:
         """Where `hook` was set for `module` before the block, if a registration watch saw it."""
         known = self._book.fsdp_sites.get((kind, id(module), id(hook)))
-        if known is not None and known[0] is hook and known[1]() is module:
+        if known is not None and known[0]() is hook and known[1]() is module:
             return known[2]
         return None
 

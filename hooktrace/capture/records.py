@@ -50,7 +50,7 @@ class HookBook(Batched):
         self._path_of = path_of  # learns a module's path and keeps it alive
         self.records: dict[int, Record] = {}  # trace id -> record
         self.sites: dict[int, Site] = {}  # handle id -> where it was registered
-        # FSDP hooks set before the block: (kind, id(module), id(hook)) -> (hook, weakref to module, site)
+        # FSDP hooks set before the block: (kind, id(module), id(hook)) -> (weakrefs to hook and module, site)
         self.fsdp_sites: dict[tuple[str, int, int], tuple[Any, Any, Site]] = {}
         self._ids: dict[tuple[int, int], int] = {}  # (id(dict), handle id) -> trace id
         self._first_dict: dict[int, int] = {}  # handle id -> id of the first dict holding it

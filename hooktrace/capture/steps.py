@@ -159,8 +159,9 @@ class Registrations:
         # autograd nodes that got hooks (an AccumulateGrad's outlive a step): id(dict) -> (weakref
         # to the node's hook dict, kind, weakref to the node's variable or None)
         self.node_dicts: dict[int, tuple[Any, str, Any]] = {}
-        # FSDP hooks set here: (kind, id(module), id(hook)) -> (hook, weakref to the module, site);
-        # FSDP's setters are watched once it is imported and a module registers a hook (fully_shard does)
+        # FSDP hooks set here: (kind, id(module), id(hook)) -> (weakrefs to the hook and the module,
+        # site: nothing of the user's is kept alive); FSDP's setters are watched once it is imported
+        # and a module registers a hook (fully_shard does)
         self.fsdp_sites: dict[tuple[str, int, int], tuple[Any, Any, Site]] = {}
         self._fsdp_watched: set[str] = set()
         self._fsdp_pending = True
@@ -190,10 +191,14 @@ class Registrations:
         if _is_compiling():
             return
         try:
-            ref = weakref.ref(module)
+            refs = weakref.ref(hook), weakref.ref(module)
         except TypeError:
-            return
-        self.fsdp_sites[(kind, id(module), id(hook))] = (hook, ref, self._site(frame))
+            return  # no weak reference to it: no call site
+        found = self.fsdp_sites
+        if len(found) >= 1024:  # a script setting new hooks every step: forget the dead ones
+            for key in [k for k, (h, m, _s) in found.items() if h() is None or m() is None]:
+                del found[key]
+        found[(kind, id(module), id(hook))] = (*refs, self._site(frame))
 
     def on_node_hook(self, d: dict, handle: Any, kind: str, node: Any, frame: Any) -> None:
         """A hook registered on an autograd node (capture/autograd.py calls this): where, and the
