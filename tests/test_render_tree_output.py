@@ -152,7 +152,7 @@ def test_every_warn_is_shown_and_info_ones_are_one_line() -> None:
     text = plain(with_levels())
     assert "global-first: `early` still ran after global hooks" in text
     assert "never fired" not in text
-    assert "+12 about library hooks; --all-surprises shows them" in text
+    assert "+12 info surprises; --all-surprises shows them" in text
     assert "1 surprise (+12 info)" in text.splitlines()[-1]
     everything = plain(with_levels(), all_surprises=True)
     assert "library hook 0 never fired" in everything and "--all-surprises" not in everything
@@ -163,7 +163,7 @@ def test_only_info_surprises_give_one_line_and_no_panel() -> None:
     trace = with_levels()
     trace.surprises = trace.surprises[1:]
     text = plain(trace)
-    assert "╭" not in text and "+12 about library hooks" in text
+    assert "╭" not in text and "+12 info surprises" in text
 
 
 def test_surprises_without_a_level_are_warnings() -> None:

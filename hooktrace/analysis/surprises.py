@@ -428,7 +428,7 @@ def find_surprises(
 
 def split_levels(surprises: Iterable[Surprise]) -> tuple[list[Surprise], list[Surprise]]:
     """(warn, info), each in the order given: renderers show every `warn` and sum the `info` ones up
-    ("+N about library hooks") unless asked for all. A missing or unknown level counts as `warn`."""
+    ("+N info surprises") unless asked for all. A missing or unknown level counts as `warn`."""
     warn: list[Surprise] = []
     info: list[Surprise] = []
     for s in surprises:

@@ -193,4 +193,4 @@ def split_surprises(surprises: list, all_surprises: bool = False) -> tuple[list,
 
 
 def info_line(hidden: int) -> str:
-    return f"+{hidden} about library hooks; {INFO_HINT}"
+    return f"+{hidden} info surprise{'s' if hidden != 1 else ''}; {INFO_HINT}"

@@ -332,7 +332,7 @@ def build_graph(trace: Trace, *, expand: bool = False) -> graphviz.Digraph:
     if em.surprises:
         title += f" · surprises: {', '.join(dict.fromkeys(s.rule for s in em.surprises))}"
     if em.info:
-        title += f" · +{em.info} info surprise{'s' if em.info != 1 else ''} about library hooks"
+        title += f" · +{em.info} info surprise{'s' if em.info != 1 else ''}"
     left_out = hidden_of(trace)
     if left_out is not None:
         title += f" · {left_out.phrase()}"

@@ -914,7 +914,7 @@
     };
     for (const x of warn) add(s, x);
     if (info.length) {
-      const det = el("details"); det.appendChild(el("summary", "", plural(info.length, "info surprise") + " (library hooks)"));
+      const det = el("details"); det.appendChild(el("summary", "", plural(info.length, "info surprise")));
       for (const x of info) add(det, x);
       s.appendChild(det);
     }
