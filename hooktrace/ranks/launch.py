@@ -51,7 +51,7 @@ from .result import (
     RanksResult,
     rank_trace_path,
 )
-from .worker import ERROR_KEY, NOTES_KEY, PROGRESS_KEY, STOP_SIGNALS
+from .worker import ERROR_KEY, NOTES_KEY, PROGRESS_KEY, SIGNALLED_KEY, STOP_SIGNALS
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -276,6 +276,7 @@ class _Watch:
         # and the signal sent: what ended them is ours, not their own failure.
         self.stopped: set[int] = set()
         self.stop_signal: Optional[signal.Signals] = None
+        self.stop_sent_at = 0.0  # time.time() when hooktrace sent its stop signal
         self.pc: Any = None
         self.store: Any = None
 
@@ -362,7 +363,7 @@ class _Watch:
         if self.pc is None:
             return
         if self.stop_signal is None:
-            self.stop_signal = sig
+            self.stop_signal, self.stop_sent_at = sig, time.time()
             handlers = self.pc.subprocess_handlers.items()
             self.stopped = {r for r, h in handlers if r not in self.ended and h.proc.poll() is None}
         try:
@@ -454,6 +455,12 @@ class _Watch:
         sent = self.stop_signal.name if self.stop_signal is not None else None
         said = (outcome.error or "").startswith("stopped by ")
         foreign = said and sent is not None and not (outcome.error or "").startswith(f"stopped by {sent}")
+        if said and not foreign and sent is not None:  # the same signal: whose came first?
+            at = self._read(SIGNALLED_KEY.format(rank=outcome.rank))
+            try:
+                foreign = at is not None and float(at) < self.stop_sent_at
+            except ValueError:
+                pass
         if outcome.state == STOPPED and (outcome.rank not in self.stopped or foreign):
             outcome.state = DIED
             outcome.error = f"{outcome.error} (a signal hooktrace did not send)"

@@ -36,6 +36,10 @@ from .result import CRASHED, FAILED, OK, STATE_EXIT, STOPPED, USAGE, rank_trace_
 PROGRESS_KEY = "hooktrace/progress/{rank}"
 NOTES_KEY = "hooktrace/notes/{rank}"
 ERROR_KEY = "hooktrace/error/{rank}"
+# when (time.time()) the rank's first stop signal arrived: the launcher tells a signal of its own
+# from one someone else sent before it (the same SIGTERM by name)
+SIGNALLED_KEY = "hooktrace/signalled/{rank}"
+_SIGNALLED_AT: list[float] = []
 # An error message longer than this is cut in the store and in the error file without traceback.
 _MESSAGE_LIMIT = 4000
 
@@ -67,6 +71,8 @@ _DEFERRAL = _Deferral()
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
+    if not _SIGNALLED_AT:
+        _SIGNALLED_AT.append(time.time())
     if _DEFERRAL.deferring:
         if _DEFERRAL.pending is None:
             _DEFERRAL.pending = signum
@@ -120,6 +126,8 @@ class _Store:
         self._set(NOTES_KEY.format(rank=self.rank), json.dumps(notes))
 
     def error(self, exc: BaseException) -> None:
+        if _SIGNALLED_AT:
+            self._set(SIGNALLED_KEY.format(rank=self.rank), repr(_SIGNALLED_AT[0]))
         self._set(ERROR_KEY.format(rank=self.rank), error_message(exc))
 
 
