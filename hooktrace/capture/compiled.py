@@ -234,6 +234,7 @@ class Installed:
     def __init__(self, rec: shims.Recorder, ledger: Ledger) -> None:
         self.note: Optional[str] = None
         self.unseen = 0  # backward passes that ran a compiled-autograd graph compiled before (not seen)
+        self.watches_backward = False  # around_backward is claimed: the engine must call it
         if "torch._dynamo" not in sys.modules:
             return  # never imports Dynamo: compiled autograd needs it imported before backward runs
         try:
@@ -287,6 +288,7 @@ class Installed:
         end_capture.__wrapped__ = original  # type: ignore[attr-defined]
         ledger.set(cls, "end_capture", end_capture)
         ledger.claim("around_backward", self.around_backward, "backward watch")
+        self.watches_backward = True
 
     def around_backward(self, run: Callable[..., Any], engine: Any, args: Any, kwargs: Any) -> Any:
         """One backward pass (the engine's `run_backward`): under compiled autograd, when it calls

@@ -196,13 +196,17 @@ class Capture:
         views.install(self._book, module_call, self._namer.on_output, ledger)
         optim.install(ledger)
         autograd.install(self, ledger)
-        hookapis.install(hookapis.Tracer(self._book, self._site, self._lock, lambda: self._active), ledger)
         fsdp.install(self._book, self._site, self._lock, lambda: self._active, ledger)
         self._graph_runs = compiled.Runs(self._rec)
         ledger.claim("graph_runs", self._graph_runs.record_run, "compiled-graph runs")
         self._compiled = compiled.Installed(self._rec, ledger)
         if self._compiled.note is not None:
             warnings.warn(self._compiled.note, RuntimeWarning, stacklevel=3)
+        hookapis.install(
+            hookapis.Tracer(self._book, self._site, self._lock, lambda: self._active),
+            ledger,
+            watch_backward=self._compiled.watches_backward,
+        )
         self._forward_compiled.install()
 
     def _finish(self) -> None:

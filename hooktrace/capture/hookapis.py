@@ -40,9 +40,7 @@ _RUN_BACKWARD: Callable[..., Any] = _ENGINE_TYPE.run_backward  # type: ignore[at
 
 
 class _TracingEngine(_ENGINE_TYPE):
-    """The engine while a capture is open: its `queue_callback` queues a recording shim; its
-    `run_backward` (every `backward()` and `autograd.grad`) is PyTorch's, passed through
-    CURRENT.around_backward when a capture watches compiled autograd (capture/compiled.py)."""
+    """The engine while a capture is open: its `queue_callback` queues a recording shim."""
 
     __slots__ = ("tracer",)
 
@@ -52,6 +50,14 @@ class _TracingEngine(_ENGINE_TYPE):
             callback = tracer.final_callback(callback, sys._getframe(1))
         return _QUEUE(self, callback)
 
+
+class _WatchingEngine(_TracingEngine):
+    """The engine of a capture that watches compiled autograd: its `run_backward` (every `backward()`
+    and `autograd.grad`) is PyTorch's, passed through CURRENT.around_backward (capture/compiled.py).
+    Only then: otherwise no backward gets a frame of hooktrace's."""
+
+    __slots__ = ()
+
     def run_backward(self, *args: Any, **kwargs: Any) -> Any:
         around = CURRENT.around_backward
         if around is None:
@@ -60,7 +66,7 @@ class _TracingEngine(_ENGINE_TYPE):
 
 
 _TracingEngine.queue_callback.__doc__ = getattr(_QUEUE, "__doc__", None)
-_TracingEngine.run_backward.__doc__ = getattr(_RUN_BACKWARD, "__doc__", None)
+_WatchingEngine.run_backward.__doc__ = getattr(_RUN_BACKWARD, "__doc__", None)
 
 
 def callback_key(callback: Any) -> tuple[str, Optional[str]]:
@@ -239,10 +245,11 @@ class Tracer:
         return self._book.api_shim(fn, kind, None, TENSOR, site, name_from=name_from)
 
 
-def install(tracer: Tracer, ledger: Ledger) -> None:
+def install(tracer: Tracer, ledger: Ledger, watch_backward: bool = False) -> None:
     """The patches for one capture, recorded in `ledger`: the engine's end-of-backward callbacks and the
-    multi-grad hooks' cells report to `tracer`."""
-    engine = _TracingEngine()
+    multi-grad hooks' cells report to `tracer`; with `watch_backward`, each backward pass goes through
+    CURRENT.around_backward."""
+    engine = _WatchingEngine() if watch_backward else _TracingEngine()
     engine.tracer = tracer
     ledger.set(_VARIABLE, "_execution_engine", engine)
     ledger.on_restore(lambda: setattr(engine, "tracer", None))  # a reference kept after the block
