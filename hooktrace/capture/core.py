@@ -35,6 +35,7 @@ from . import (
     fsdp,
     hookapis,
     kept,
+    modulecall,
     optim,
     registry,
     roots,
@@ -174,14 +175,16 @@ class Capture:
 
     # -- install / restore ---------------------------------------------------------------
     def _install(self) -> None:
-        dynamo.skip_own_frames(shims.SHIM_CODES)  # once per process; later captures find nothing new
+        dynamo.skip_own_frames(
+            shims.SHIM_CODES | modulecall.CODES
+        )  # once per process; later captures find nothing new
         ledger = self._ledger
         registry.Interceptor(self._on_register, self._on_handle, self._on_remove).install(ledger)
         self._walk_mark = ledger.mark()  # what follows is undone before the walk, the registrations after
         # the hooks Dynamo compiles into graphs: patched now if Dynamo is imported, else at the
         # first compiled module call (an eager capture never imports Dynamo)
         self._forward_compiled = compiled.Forward(self._rec, self._book.trace_id, ledger)
-        module_call = shims.make_module_call(
+        module_call = modulecall.make_module_call(
             self._rec,
             vars(torch.nn.Module)["__call__"],
             views.call_impl_copy(),
@@ -191,9 +194,10 @@ class Capture:
             self._paths,
             on_compiled=self._forward_compiled.install,
         )
-        self._run_codes.add(module_call.__code__)
+        self._run_codes.update((module_call.__code__, modulecall.SWAPPED_CODE))
         self._module_call = module_call
         views.install(self._book, module_call, self._namer.on_output, ledger)
+        modulecall.install(module_call, ledger)
         optim.install(ledger)
         autograd.install(self, ledger)
         fsdp.install(self._book, self._site, self._lock, lambda: self._active, ledger)
@@ -219,7 +223,7 @@ class Capture:
                 # compiled autograd's, autograd's functions, the optimizers', nn.Module's
                 self._ledger.restore(to=self._walk_mark)
                 if self._module_call is not None:
-                    ending.end_module_call(self._module_call)
+                    modulecall.end(self._module_call)
                 # the walk puts tensor hooks back: removals on other threads are still seen meanwhile
                 named, self._roots = ending.modules_of(self._rec, self._model)
                 final = ending.walk(self._book, self._rec, self._model, named)

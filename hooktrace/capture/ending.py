@@ -271,27 +271,3 @@ def snapshot(
         in_backward=rec.in_backward,
         shapes=rec.shapes,
     )
-
-
-def end_module_call(wrapper: Any) -> None:
-    """The capture is over: a copy of `wrapper` kept somewhere (a class's own `__call__`) is PyTorch's.
-
-    Its closure lets go of the capture's callbacks (the session's methods) and of `run_compiled`,
-    which refers back to it: without that cycle the session, and the trace it holds, are freed
-    when the caller lets go of them, not at a later full GC pass. A call still inside the wrapper
-    on another thread finds callables that do nothing (and a compiled call run plainly)."""
-    wrapper.hooktrace_live.clear()
-    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
-    for name, inert in (("on_input", _inert), ("on_new_module", _inert), ("run_compiled", _run_plain)):
-        cell = cells.get(name)
-        if cell is not None:
-            cell.cell_contents = inert
-    wrapper.__dict__.pop("run_compiled", None)
-
-
-def _inert(*_args: Any) -> None:
-    return None
-
-
-def _run_plain(_module: Any, compiled: Any, args: tuple, kwargs: dict) -> Any:
-    return compiled(*args, **kwargs)

@@ -6,7 +6,7 @@ as `hook <kind> <name>` around the operators it ran; with no profiler, nothing h
 
 The module-call wrapper opens `module <path> (<Class>)` the same way: PyTorch's profiler names
 module calls (`nn.Module: ...`, with_stack) by the code of `nn.Module.__call__` it read at its first
-such profile, and inside the block that attribute is hooktrace's wrapper. PyTorch reads that code
+such profile, and inside the block that code is hooktrace's wrapper (capture/modulecall.py). PyTorch reads that code
 once per process, when the first `with_stack` profile starts: one that starts inside the block would
 keep the wrapper's code for good (no `nn.Module:` range after the block, two ranges per call in a
 later block), so while the block is open the profiler starts with PyTorch's own `__call__` in place
@@ -58,12 +58,14 @@ _CODE_READ = [False]  # a with_stack profile started in this process while a blo
 def guard_module_code(ledger: Any, original_call: Any) -> None:
     """While the block is open, torch.autograd.profiler's `_enable_profiler` (where a `with_stack`
     profile makes PyTorch read `nn.Module.__call__`'s code, once per process) runs with PyTorch's
-    own `__call__` in place, until a `with_stack` profile has started. Recorded in `ledger`."""
+    own `__call__` and its own code in place, until a `with_stack` profile has started. Made before
+    the wrapper is put in place (`original_call` and its code are PyTorch's); recorded in `ledger`."""
     profiler = torch.autograd.profiler
     enable = vars(profiler).get("_enable_profiler")
     if _CODE_READ[0] or enable is None:
         return
     module_class: Any = torch.nn.Module
+    original_code = getattr(original_call, "__code__", None)
 
     def hooktrace_enable_profiler(*args: Any, **kwargs: Any) -> Any:
         if _CODE_READ[0]:
@@ -71,11 +73,17 @@ def guard_module_code(ledger: Any, original_call: Any) -> None:
         owner = sys._getframe(1).f_locals.get("self")  # torch.autograd.profiler.profile
         if getattr(owner, "with_stack", False):
             _CODE_READ[0] = True
-        current = vars(module_class)["__call__"]
-        module_class.__call__ = original_call
+        current, code = vars(module_class)["__call__"], getattr(original_call, "__code__", None)
+        if current is not original_call:  # the wrapper stands there (modulecall.install)
+            module_class.__call__ = original_call
+        if code is not original_code:  # the wrapper's code is in it (modulecall.install)
+            original_call.__code__ = original_code
         try:
             return enable(*args, **kwargs)
         finally:
-            module_class.__call__ = current
+            if code is not original_code:
+                original_call.__code__ = code
+            if current is not original_call:
+                module_class.__call__ = current
 
     ledger.set(profiler, "_enable_profiler", hooktrace_enable_profiler)

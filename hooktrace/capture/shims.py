@@ -1,4 +1,4 @@
-"""The tracing shim and the module-call wrapper: the hot path.
+"""The tracing shim: the hot path (the module-call wrapper is capture/modulecall.py).
 
 A shim is what PyTorch calls in place of the user's hook while tracing: from the views of module,
 global and optimizer hook dicts (capture/views.py), or from a tensor's or autograd node's own dict,
@@ -39,9 +39,8 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 
 from .. import kinds
-from ..kinds import FORWARD, OPTIMIZER_PHASE, RECOMPUTE
 from . import shapes as describe
-from .ranges import module_range, ranged
+from .ranges import ranged
 from .returned import RETURN_IGNORED as RETURN_IGNORED  # noqa: F401 - where tests import it from
 from .returned import SAME, _ignored, _same_first
 from .views import _is_compiling
@@ -354,146 +353,3 @@ def shim_call(frame: Any) -> Optional[tuple[int, tuple, Any]]:
         args = tuple(local[name] for name in "abcd" if local[name] is not _MISSING) + tuple(local["more"])
     module = (args[0] if args else None) if local["from_args"] else None
     return local["hook_id"], args, module
-
-
-# `nn.Module.__call__` as the wrapper found it, handed to Dynamo from a global: a guard on a closure
-# cell of the wrapper fails once the block ends, and the graph was compiled again (docs/capture.md)
-_FOR_DYNAMO: dict[str, Callable[..., Any]] = {}
-
-
-def make_module_call(
-    rec: Recorder,
-    original_call: Callable[..., Any],
-    call_impl: Callable[..., Any],
-    original_call_impl: Callable[..., Any],
-    on_input: Callable[[Any, Any], None],
-    on_new_module: Callable[[Any], None],
-    paths: Optional[dict[int, str]] = None,
-    on_compiled: Callable[[], None] = lambda: None,
-) -> Callable[..., Any]:
-    """Replacement for `nn.Module.__call__` (PyTorch's `_wrapped_call_impl`): records `enter`/`exit`.
-
-    It calls `call_impl` (the copy of `_call_impl` that reads hooks through views) itself, as
-    `_wrapped_call_impl` calls `_call_impl`, so tracing adds no Python frame per module level. While
-    Dynamo compiles, it is PyTorch's own `_wrapped_call_impl` (no graph break, the same graph). A
-    call that runs compiled (`torch.compile(m)`'s wrapper, named as `m`, or `m.compile()`) is one
-    recorded call whose seq goes to `rec.compiled`: its hooks run inside the graph. Modules
-    whose class overrides `_call_impl` get theirs. `on_input(module, tensor)` sees positional tensor
-    inputs that carry hooks registered before the block (an input's own hooks fire in backward and
-    are traced like any tensor hook); `on_new_module(module)` sees each module's first call (its
-    parameters may hold hooks registered before the block). The output of modules with backward
-    hooks is told to the capture by the `_call_impl` copy itself (views.hooktrace_output).
-    While a profiler records, the call is a `record_function` range `module <path> (<Class>)`
-    (`paths`: key -> path): PyTorch's own `nn.Module:` ranges know only its `__call__` (ranges.py).
-    """
-    append = rec.calls.append
-    compiled_calls = rec.compiled
-    module_ids = rec.module_ids
-    counter = rec.seq
-    clock = time.perf_counter_ns
-    ident = threading.get_ident
-    main = rec.main_thread
-    graph_task = _graph_task_id
-    if _FOR_DYNAMO.get("call") is not original_call:  # PyTorch's, at every session but the first
-        _FOR_DYNAMO["call"] = original_call
-    tensor_class = torch.Tensor
-    type_of = type
-    module_class = torch.nn.Module
-    stepping = STEPPING
-    profiler = torch.autograd.profiler
-    known_paths = paths if paths is not None else {}
-
-    def hooktrace_module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():  # globals: see _FOR_DYNAMO
-            return _FOR_DYNAMO["call"](self, *args, **kwargs)
-        if not live:  # kept past its capture (a class's own `__call__`): whatever nn.Module has now
-            return module_class.__call__(self, *args, **kwargs)
-        seq = next(counter)
-        key = module_ids.get(id(self))
-        if key is None:  # a module's first call, or a call of `torch.compile(m)`'s wrapper (named `m`)
-            key = rec.module_key(self)
-            if id(self) not in module_ids:
-                compiled_calls.append(seq)
-                on_compiled()
-            else:
-                on_new_module(self)
-        for arg in args:  # plain tensors whose own hook dicts we may not know yet (hooks need grad)
-            if type_of(arg) is tensor_class and arg._backward_hooks:  # type(): `__class__` may be anything
-                on_input(self, arg)
-        phase = FORWARD if graph_task() == -1 else RECOMPUTE
-        if stepping and ident() in stepping:
-            phase = OPTIMIZER_PHASE
-        compiled = self._compiled_call_impl
-        scope = module_range(self, known_paths.get(key)) if profiler._is_profiler_enabled else None
-        if scope is not None:
-            scope.__enter__()
-        t0 = clock()
-        try:
-            if compiled is not None:
-                compiled_calls.append(seq)
-                on_compiled()
-                result = run_compiled(self, compiled, args, kwargs)
-            elif type(self)._call_impl is original_call_impl:
-                result = call_impl(self, *args, **kwargs)
-            else:
-                result = self._call_impl(*args, **kwargs)
-        except BaseException as exc:
-            t1 = clock()
-            if scope is not None:
-                scope.__exit__(None, None, None)
-            tid = ident()
-            if tid == main:
-                tid = main
-            append((seq, next(counter), phase, key, tid, t0, t1, error_text(exc)))
-            raise
-        t1 = clock()
-        if scope is not None:
-            scope.__exit__(None, None, None)
-        tid = ident()
-        if tid == main:
-            tid = main
-        append((seq, next(counter), phase, key, tid, t0, t1, None))
-        return result
-
-    def run_compiled(module: Any, compiled: Any, args: tuple, kwargs: dict) -> Any:
-        """A call of `torch.compile(f)` where f is `module`'s PyTorch `_call_impl` or `__call__`, made
-        with the `_call_impl` copy or this wrapper in its place.
-
-        `module.compile()` compiles the bound `_call_impl`, and `torch.compile(m)` made before the
-        block, of a model class of the user's, wraps the bound `__call__`. Dynamo sets its callback and
-        calls that method, whose frame it skips (PyTorch's file): the module's own hooks run as Python
-        from there. The copy (the same file name) and this wrapper (marked skipped, capture/dynamo.py)
-        are skipped alike, so Dynamo sees the same frames, and those hooks are traced.
-        """
-        cell = _fn_cell(compiled)
-        before = cell.cell_contents if cell is not None else None
-        func = getattr(before, "__func__", None)
-        if getattr(before, "__self__", None) is not module or func is None:
-            return compiled(*args, **kwargs)
-        if func is original_call_impl:
-            cell.cell_contents = call_impl.__get__(module)
-        elif func is original_call:
-            cell.cell_contents = hooktrace_module_call.__get__(module)
-        else:
-            return compiled(*args, **kwargs)
-        try:
-            return compiled(*args, **kwargs)
-        finally:
-            cell.cell_contents = before
-
-    live = [True]  # emptied when the capture ends: `end(wrapper)`
-    hooktrace_module_call.hooktrace_live = live  # type: ignore[attr-defined]
-    # PyTorch (Dynamo) tells its own call wrapper by name; tracebacks still name this code
-    hooktrace_module_call.__name__ = original_call.__name__
-    hooktrace_module_call.__qualname__ = original_call.__qualname__
-    hooktrace_module_call.__wrapped__ = original_call  # type: ignore[attr-defined]
-    hooktrace_module_call.run_compiled = run_compiled  # type: ignore[attr-defined]
-    return hooktrace_module_call
-
-
-def _fn_cell(compiled: Any) -> Any:
-    """The cell holding the function `torch.compile` wraps (`fn` of its `compile_wrapper`), or None."""
-    code = getattr(compiled, "__code__", None)
-    if code is None or "fn" not in code.co_freevars or compiled.__closure__ is None:
-        return None
-    return compiled.__closure__[code.co_freevars.index("fn")]

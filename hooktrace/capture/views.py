@@ -13,8 +13,8 @@ only in the lists PyTorch builds from that (`BackwardHook` keeps them for the ba
 The copies are compiled with the file name and line numbers of PyTorch's module, so tracebacks and
 `inspect` read as usual. They are installed as class attributes of `nn.Module` for the block and
 removed after it, but for `__setattr__`, whose copy's code goes into PyTorch's own function instead
-(`_swap_dunder`: a dunder set on the class updates every subclass's slot); `Module.__call__` becomes
-the recording wrapper (shims.make_module_call), which calls the `_call_impl` copy itself, so a
+(`_swap_dunder`: a dunder set on the class updates every subclass's slot); `Module.__call__` runs
+the recording wrapper (capture/modulecall.py), which calls the `_call_impl` copy itself, so a
 traced module level costs no extra Python frame.
 """
 
@@ -31,7 +31,7 @@ import torch.nn.modules.module as nn_module
 
 from .. import supported
 from ..supported import UnsupportedTorch
-from . import dicts, ranges
+from . import dicts
 from .ledger import CURRENT, Ledger
 
 # The global hook dicts and flags, read live from PyTorch's module, not from the copies' namespace:
@@ -303,7 +303,7 @@ def hooktrace_forward(module: Any) -> Any:
     if viewer is None or "forward" not in md or _is_compiling():
         return module.forward  # not a capture
     if "_orig_mod" in md.get("_modules", ()):  # torch.compile(m)'s own forward (the call is recorded)
-        run = CURRENT.run_compiled  # shims.make_module_call's
+        run = CURRENT.run_compiled  # modulecall.make_module_call's
         if run is None:
             return module.forward
         compiled, inner = md["forward"], md["_modules"]["_orig_mod"]  # not a kind: the method
@@ -361,7 +361,8 @@ def copies() -> _Copies:
 def install(
     viewer: Viewer, module_call: Callable[..., Any], on_output: Callable[[Any, Any], None], ledger: Ledger
 ) -> None:
-    """The copies (and the `__call__` wrapper) on `nn.Module` for one capture, recorded in `ledger`."""
+    """The copies on `nn.Module` for one capture, recorded in `ledger` (the `__call__` wrapper:
+    modulecall.install)."""
     made = copies()
     start = ledger.mark()
     ledger.claim("viewer", viewer, "views")
@@ -374,8 +375,6 @@ def install(
                 continue
             if not _swap_dunder(made, name, copy, ledger):
                 ledger.set(torch.nn.Module, name, copy)
-        ranges.guard_module_code(ledger, vars(torch.nn.Module)["__call__"])  # the profiler's module names
-        ledger.set(torch.nn.Module, "__call__", module_call)
     except BaseException:
         ledger.restore(to=start)
         raise
