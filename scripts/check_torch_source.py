@@ -39,7 +39,7 @@ import torch.nn.modules.module as nn_module
 import torch.optim.optimizer as optim_module
 
 from hooktrace import kinds
-from hooktrace.capture import compiled, dicts, dynamo, optim, registry, views
+from hooktrace.capture import compiled, dicts, dynamo, modulecall, optim, registry, views
 
 MODULE_PY = "torch/nn/modules/module.py"
 OPTIMIZER_PY = "torch/optim/optimizer.py"
@@ -243,6 +243,16 @@ def _module_copies(src: Sources) -> str:
     return f"{len(made.copies)} methods rewritten: {', '.join(sorted(made.copies))}"
 
 
+def _call_swappable(src: Sources) -> str:
+    """ROOT's `_wrapped_call_impl`, compiled as the installed module's, is the one whose code the
+    capture swaps (else it sets its wrapper on the class, a slower start and end of a session)."""
+    fn = src.compiled("_wrapped_call_impl")
+    fn = types.FunctionType(fn.__code__, vars(nn_module), fn.__name__)
+    if not modulecall.swappable(fn):
+        raise AttributeError("_wrapped_call_impl is not the body capture/modulecall.py expects")
+    return "_wrapped_call_impl as expected"
+
+
 def _optimizer_copies(src: Sources) -> str:
     original = views._source
     views._source = src.source
@@ -346,6 +356,10 @@ def main(argv: list[str]) -> int:
     module_src = Sources(root / MODULE_PY, nn_module, "Module")
     optimizer_src = Sources(root / OPTIMIZER_PY, optim_module, "Optimizer")
     checks.run("nn.Module's hook-dict reads rewritten (capture/views.py)", lambda: _module_copies(module_src))
+    checks.run(
+        "nn.Module.__call__ takes the module-call wrapper's code (capture/modulecall.py)",
+        lambda: _call_swappable(module_src),
+    )
     checks.run(
         "Optimizer's hook-dict reads and step wrapper rewritten (capture/optim.py)",
         lambda: _optimizer_copies(optimizer_src),
