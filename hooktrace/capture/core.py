@@ -175,9 +175,8 @@ class Capture:
 
     # -- install / restore ---------------------------------------------------------------
     def _install(self) -> None:
-        dynamo.skip_own_frames(
-            shims.SHIM_CODES | modulecall.CODES
-        )  # once per process; later captures find nothing new
+        # once per process; later captures find nothing new
+        dynamo.skip_own_frames(shims.SHIM_CODES | modulecall.CODES)
         ledger = self._ledger
         registry.Interceptor(self._on_register, self._on_handle, self._on_remove).install(ledger)
         self._walk_mark = ledger.mark()  # what follows is undone before the walk, the registrations after

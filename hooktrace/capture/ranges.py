@@ -6,8 +6,8 @@ as `hook <kind> <name>` around the operators it ran; with no profiler, nothing h
 
 The module-call wrapper opens `module <path> (<Class>)` the same way: PyTorch's profiler names
 module calls (`nn.Module: ...`, with_stack) by the code of `nn.Module.__call__` it read at its first
-such profile, and inside the block that code is hooktrace's wrapper (capture/modulecall.py). PyTorch reads that code
-once per process, when the first `with_stack` profile starts: one that starts inside the block would
+such profile, and inside the block that code is hooktrace's wrapper (capture/modulecall.py). PyTorch
+reads that code once per process, when the first `with_stack` profile starts: one that starts inside the block would
 keep the wrapper's code for good (no `nn.Module:` range after the block, two ranges per call in a
 later block), so while the block is open the profiler starts with PyTorch's own `__call__` in place
 (`guard_module_code`) until a `with_stack` profile has started.
