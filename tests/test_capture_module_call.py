@@ -29,15 +29,40 @@ def _order(trace: Any) -> list[str]:
 
 
 def test_module_call_stays_pytorchs_function_inside_the_block() -> None:
-    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    seen: list[Any] = []
-    model[0].register_forward_hook(lambda m, a, o: seen.append(vars(nn.Module)["__call__"]))
-    with hooktrace.trace(model) as t:
-        model(torch.randn(1, 2))
-        inside = vars(nn.Module)["__call__"]
-    assert inside is PYTORCHS and seen == [PYTORCHS]
+    """What a hook finds as `nn.Module.__call__` is PyTorch's function, traced as untraced; the
+    outputs are equal, the hooks' own record is the trace's order, and PyTorch's code and module
+    globals are as they were after the block."""
+
+    def run(traced: bool) -> tuple[list[str], list[Any], torch.Tensor, Any]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        log: list[str] = []
+        seen: list[Any] = []
+
+        def pre(m: nn.Module, a: Any) -> None:
+            log.append("pre")
+
+        def fwd(m: nn.Module, a: Any, o: Any) -> None:
+            log.append("fwd")
+            seen.append(vars(nn.Module)["__call__"])
+
+        model[0].register_forward_pre_hook(pre)
+        model[0].register_forward_hook(fwd)
+        x = torch.randn(1, 2)
+        if not traced:
+            return log, seen, model(x), None
+        with hooktrace.trace(model) as t:
+            out = model(x)
+            seen.append(vars(nn.Module)["__call__"])
+        return log, seen, out, t.trace
+
+    plain_log, plain_seen, plain_out, _ = run(False)
+    log, seen, out, trace = run(True)
+    assert plain_seen == [PYTORCHS] and seen == [PYTORCHS, PYTORCHS]
+    assert log == plain_log == ["pre", "fwd"] and torch.equal(out, plain_out)
+    assert [trace.hook(e.hook).name.rsplit(".", 1)[-1] for e in trace.hook_events()] == log  # qualnames
     assert PYTORCHS.__code__ is PYTORCHS_CODE and modulecall.STATE_NAME not in vars(nn_module)
-    assert _order(t.trace) == ["enter ", "enter 0", "exit 0", "enter 1", "exit 1", "exit "]
+    assert _order(trace) == ["enter ", "enter 0", "exit 0", "enter 1", "exit 1", "exit "]
 
 
 def test_another_wrapper_on_module_call_is_replaced_for_the_block_and_put_back() -> None:
